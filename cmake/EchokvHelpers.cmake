@@ -1,0 +1,41 @@
+# Helpers shared by every folder's CMakeLists.txt.
+
+# echokv_library(NAME <name> SRCS ... DEPS ... [PRIVATE_DEPS ...])
+# Builds library echokv_<name> with alias echokv::<name>; the repo root is the include root.
+function(echokv_library)
+  cmake_parse_arguments(L "" "NAME" "SRCS;DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(echokv_${L_NAME} ${L_SRCS})
+  add_library(echokv::${L_NAME} ALIAS echokv_${L_NAME})
+  target_include_directories(echokv_${L_NAME} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+  target_link_libraries(echokv_${L_NAME} PUBLIC ${L_DEPS} PRIVATE ${L_PRIVATE_DEPS})
+  target_compile_options(echokv_${L_NAME} PRIVATE ${ECHOKV_WARNINGS})
+endfunction()
+
+# echokv_cc_binary(NAME <name> SRCS ... DEPS ...): an executable in build/bin.
+function(echokv_cc_binary)
+  cmake_parse_arguments(B "" "NAME" "SRCS;DEPS" ${ARGN})
+  add_executable(${B_NAME} ${B_SRCS})
+  target_include_directories(${B_NAME} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+  target_link_libraries(${B_NAME} PRIVATE ${B_DEPS})
+  target_compile_options(${B_NAME} PRIVATE ${ECHOKV_WARNINGS})
+endfunction()
+
+# echokv_cc_test(NAME <name> SRCS ... DEPS ... LABELS ... [TIMEOUT s])
+# A GoogleTest binary registered with ctest under the given labels
+# (unit, integration, model, slow, gpu). Tests needing real data read
+# $ECHOKV_TEST_DATA and GTEST_SKIP() with a clear message when it is unset.
+function(echokv_cc_test)
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  add_executable(${T_NAME} ${T_SRCS})
+  target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+  target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} echokv::testing GTest::gtest GTest::gmock GTest::gtest_main)
+  target_compile_options(${T_NAME} PRIVATE ${ECHOKV_WARNINGS})
+  set_target_properties(${T_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  add_test(NAME ${T_NAME} COMMAND ${T_NAME} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 600)
+  endif()
+  # Skipped gtest cases make the whole binary report "skipped" to ctest, never "passed".
+  set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
+                       SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+endfunction()

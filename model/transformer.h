@@ -1,0 +1,103 @@
+// The Llama-family transformer (Llama, Mistral, Qwen2) on LibTorch: HF rotate_half
+// RoPE with float32 angles, RMSNorm, SwiGLU, grouped-query attention over a KvCache
+// whose groups may each hold their own entries.
+//
+//   DeviceOptions dev;                                   // cpu / float32 by default
+//   ECHOKV_ASSIGN_OR_RETURN(auto model, Transformer::Load("/models/stories260K", dev));
+//   KvCache cache = model->NewCache();
+//   ForwardOptions fo; fo.return_anchor_queries = true; fo.keep_last_queries = 32;
+//   ECHOKV_ASSIGN_OR_RETURN(ForwardResult pre, model->Forward(prompt, &cache, fo));
+//   ECHOKV_ASSIGN_OR_RETURN(DecodeResult step, model->Decode(token, &cache));
+#ifndef ECHOKV_MODEL_TRANSFORMER_H_
+#define ECHOKV_MODEL_TRANSFORMER_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "model/safetensors.h"
+
+namespace echokv::model {
+
+struct DeviceOptions {
+  std::string device = "cpu";     // "cpu", "cuda", "cuda:N"
+  std::string dtype = "float32";  // "float32", "bfloat16", "float16"
+  // LibTorch intra-op threads; 0 = echokv::DefaultThreadCount(). Set once per process.
+  int num_threads = 0;
+  absl::Status Validate() const;
+};
+
+struct ForwardOptions {
+  // Tokens per prefill chunk: activation memory is O(chunk_size * context), never
+  // O(context^2).
+  int chunk_size = 256;
+  // Return the pre-RoPE query vectors of the last token (per layer [H, d]).
+  bool return_anchor_queries = false;
+  // Return the post-RoPE queries of the last N tokens (per layer [H, N, d]); -1 = all.
+  int keep_last_queries = 0;
+  // Called after each chunk with (tokens done, tokens total).
+  std::function<void(int64_t, int64_t)> progress;
+  // When set and true, Forward stops between chunks with CANCELLED.
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+struct ForwardResult {
+  at::Tensor logits;                         // [V] float32 CPU: logits after the last token
+  std::vector<at::Tensor> anchor_queries;    // per layer [H, d] float32 CPU, pre-RoPE
+  std::vector<at::Tensor> queries;           // per layer [H, N, d] float32, post-RoPE (model device)
+  std::vector<int64_t> query_positions;      // the N positions of `queries`
+};
+
+struct DecodeResult {
+  at::Tensor logits;                         // [V] float32 CPU
+  std::vector<at::Tensor> queries;           // per layer [H, d] float32 post-RoPE (if asked)
+};
+
+class Transformer {
+ public:
+  // Loads config.json (+ generation_config.json) and the safetensors weights of `dir`.
+  static absl::StatusOr<std::unique_ptr<Transformer>> Load(const std::string& dir,
+                                                           const DeviceOptions& device);
+  // Builds from an already parsed config and an open checkpoint (validated against it).
+  static absl::StatusOr<std::unique_ptr<Transformer>> Create(const ModelConfig& config,
+                                                             const Checkpoint& checkpoint,
+                                                             const DeviceOptions& device);
+  ~Transformer();
+
+  const ModelConfig& config() const;
+  const DeviceOptions& device_options() const;
+  // An empty cache with this model's layer/group/head-dim shape, dtype and device.
+  KvCache NewCache() const;
+  // RoPE inverse frequencies [d/2] float32 CPU: theta^(-2i/d).
+  at::Tensor RopeInvFreq() const;
+
+  // Runs `tokens` at positions cache->next_position() + 0, 1, ..., appending their
+  // keys/values to every layer and group of `cache` and advancing next_position.
+  // Each token attends to the entries its layer/group holds with position <= its own
+  // (and inside the sliding window when the model has one), then to earlier new tokens.
+  absl::StatusOr<ForwardResult> Forward(absl::Span<const int> tokens, KvCache* cache,
+                                        const ForwardOptions& options = {}) const;
+
+  // One token at cache->next_position() (the decode fast path). With
+  // return_queries, fills DecodeResult::queries (per layer, post-RoPE, all heads).
+  absl::StatusOr<DecodeResult> Decode(int token, KvCache* cache, bool return_queries = false) const;
+
+ private:
+  struct Impl;
+  explicit Transformer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;  // weights and config; torch stays out of this header's users
+};
+
+}  // namespace echokv::model
+
+#endif  // ECHOKV_MODEL_TRANSFORMER_H_
