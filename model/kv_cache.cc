@@ -1,1 +1,150 @@
-// (being written)
+#include "model/kv_cache.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/gather.h"
+
+namespace echokv::model {
+namespace {
+
+std::string ShapeString(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) absl::StrAppend(&s, i ? ", " : "", t.size(i));
+  return s + "]";
+}
+
+}  // namespace
+
+KvCache::KvCache(int num_layers, int num_kv_heads, int head_dim, at::TensorOptions options)
+    : num_kv_heads_(num_kv_heads),
+      head_dim_(head_dim),
+      options_(options),
+      layers_(num_layers),
+      cells_(num_layers, num_kv_heads) {}
+
+at::Tensor KvCache::keys(int layer) const {
+  const Layer& l = layers_.at(layer);
+  if (!l.k.defined()) return at::empty({num_kv_heads_, 0, head_dim_}, options_);
+  return l.k.narrow(1, 0, size(layer));
+}
+
+at::Tensor KvCache::values(int layer) const {
+  const Layer& l = layers_.at(layer);
+  if (!l.v.defined()) return at::empty({num_kv_heads_, 0, head_dim_}, options_);
+  return l.v.narrow(1, 0, size(layer));
+}
+
+at::Tensor KvCache::positions(int layer) const {
+  const int64_t n = size(layer);
+  at::Tensor out = at::empty({num_kv_heads_, n}, at::kLong);
+  int64_t* p = out.data_ptr<int64_t>();
+  for (int g = 0; g < num_kv_heads_; ++g) {
+    const auto& pos = cells_.positions(layer, g);
+    std::copy(pos.begin(), pos.end(), p + g * n);
+  }
+  return out;
+}
+
+void KvCache::EnsureCapacity(int layer, int64_t needed) {
+  Layer& l = layers_[layer];
+  const int64_t cap = l.k.defined() ? l.k.size(1) : 0;
+  if (cap >= needed) return;
+  const int64_t new_cap = std::max<int64_t>({needed, 2 * cap, 16});
+  at::Tensor k = at::empty({num_kv_heads_, new_cap, head_dim_}, options_);
+  at::Tensor v = at::empty({num_kv_heads_, new_cap, head_dim_}, options_);
+  const int64_t n = size(layer);
+  if (n > 0) {
+    k.narrow(1, 0, n).copy_(l.k.narrow(1, 0, n));
+    v.narrow(1, 0, n).copy_(l.v.narrow(1, 0, n));
+  }
+  l.k = std::move(k);
+  l.v = std::move(v);
+}
+
+absl::Status KvCache::Append(int layer, const at::Tensor& k, const at::Tensor& v,
+                             absl::Span<const int64_t> positions) {
+  if (layer < 0 || layer >= num_layers()) {
+    return absl::OutOfRangeError(absl::StrCat("layer ", layer, " out of range [0, ", num_layers(), ")"));
+  }
+  const int64_t m = static_cast<int64_t>(positions.size());
+  for (const at::Tensor* t : {&k, &v}) {
+    if (t->dim() != 3 || t->size(0) != num_kv_heads_ || t->size(1) != m || t->size(2) != head_dim_) {
+      return absl::InvalidArgumentError(absl::StrCat("KV to append has shape ", ShapeString(*t), ", expected [",
+                                                     num_kv_heads_, ", ", m, ", ", head_dim_, "]"));
+    }
+  }
+  // The new entries go into the capacity slack past size(layer) first; the cells
+  // only grow when the positions are valid, so a failed append changes nothing.
+  const int64_t n = size(layer);
+  try {
+    EnsureCapacity(layer, n + m);
+    layers_[layer].k.narrow(1, n, m).copy_(k);
+    layers_[layer].v.narrow(1, n, m).copy_(v);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("KV append failed: ", e.what_without_backtrace()));
+  }
+  return cells_.AppendAll(layer, positions);
+}
+
+absl::StatusOr<KvCache> KvCache::Gather(const KvCache& src, const std::vector<at::Tensor>& indices) {
+  if (static_cast<int>(indices.size()) != src.num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gather needs indices for ", src.num_layers(), " layers, got ", indices.size()));
+  }
+  KvCache out(src.num_layers(), src.num_kv_heads_, src.head_dim_, src.options_);
+  out.next_position_ = src.next_position_;
+  out.cells_ = src.cells_;
+  try {
+    for (int l = 0; l < src.num_layers(); ++l) {
+      at::Tensor idx = indices[l].to(at::kCPU).to(at::kLong).contiguous();
+      if (idx.dim() != 2 || idx.size(0) != src.num_kv_heads_) {
+        return absl::InvalidArgumentError(absl::StrCat("indices of layer ", l, " have shape ", ShapeString(idx),
+                                                       ", expected [", src.num_kv_heads_, ", n]"));
+      }
+      std::vector<std::vector<int64_t>> per_group(src.num_kv_heads_);
+      const int64_t* p = idx.data_ptr<int64_t>();
+      for (int g = 0; g < src.num_kv_heads_; ++g) {
+        per_group[g].assign(p + g * idx.size(1), p + (g + 1) * idx.size(1));
+      }
+      if (absl::Status s = out.cells_.Select(l, per_group); !s.ok()) return s;
+      if (idx.size(1) > 0) {
+        out.layers_[l].k = kernels::GatherEntries(src.keys(l), idx);
+        out.layers_[l].v = kernels::GatherEntries(src.values(l), idx);
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("KV gather failed: ", e.what_without_backtrace()));
+  }
+  return out;
+}
+
+KvCache KvCache::Clone() const {
+  KvCache out(num_layers(), num_kv_heads_, head_dim_, options_);
+  out.next_position_ = next_position_;
+  out.cells_ = cells_;
+  for (int l = 0; l < num_layers(); ++l) {
+    if (size(l) > 0) {
+      out.layers_[l].k = keys(l).clone();
+      out.layers_[l].v = values(l).clone();
+    }
+  }
+  return out;
+}
+
+int64_t KvCache::KvBytes() const {
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(options_.dtype())));
+  int64_t entries = 0;
+  for (int l = 0; l < num_layers(); ++l) entries += size(l);
+  return 2 * entries * num_kv_heads_ * head_dim_ * elem;
+}
+
+int64_t KvCache::FullEquivalentKvBytes(int64_t tokens) const {
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(options_.dtype())));
+  return 2 * tokens * num_layers() * num_kv_heads_ * head_dim_ * elem;
+}
+
+}  // namespace echokv::model

@@ -1,1 +1,307 @@
-// (being written)
+#include "model/transformer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/env.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "kernels/rope.h"
+#include "model/weights.h"
+
+namespace echokv::model {
+namespace {
+
+// Upper bound on the float32 attention-score block of one prefill step
+// ([H, query_block, context]); larger chunks are split along the queries.
+constexpr int64_t kMaxScoreElements = int64_t{32} << 20;  // 128 MiB of float32
+
+absl::StatusOr<at::ScalarType> ParseDType(const std::string& dtype) {
+  if (dtype == "float32") return at::kFloat;
+  if (dtype == "bfloat16") return at::kBFloat16;
+  if (dtype == "float16") return at::kHalf;
+  return absl::InvalidArgumentError(
+      absl::StrCat("dtype must be one of float32, bfloat16, float16; got '", dtype, "'"));
+}
+
+at::ScalarType ToScalarType(DType d) {
+  switch (d) {
+    case DType::kF32:
+      return at::kFloat;
+    case DType::kF16:
+      return at::kHalf;
+    case DType::kBF16:
+      return at::kBFloat16;
+  }
+  return at::kFloat;
+}
+
+std::string ErrorText(const c10::Error& e) { return e.what_without_backtrace(); }
+
+}  // namespace
+
+absl::Status DeviceOptions::Validate() const {
+  ECHOKV_ASSIGN_OR_RETURN(at::ScalarType st, ParseDType(dtype));
+  (void)st;
+  try {
+    c10::Device dev(device);
+    if (dev.is_cuda() && !at::hasCUDA()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("device '", device, "' requested but this LibTorch build has no CUDA support"));
+    }
+    if (!dev.is_cpu() && !dev.is_cuda()) {
+      return absl::InvalidArgumentError(absl::StrCat("device must be cpu or cuda[:N], got '", device, "'"));
+    }
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("device must be cpu or cuda[:N], got '", device, "'"));
+  }
+  if (num_threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("num_threads must be >= 0, got ", num_threads));
+  }
+  return absl::OkStatus();
+}
+
+struct Transformer::Impl {
+  struct Layer {
+    at::Tensor input_norm;   // [D]
+    at::Tensor wqkv;         // [(H + 2G) d, D] fused q/k/v projection
+    at::Tensor bqkv;         // [(H + 2G) d] or undefined
+    at::Tensor wo;           // [D, H d]
+    at::Tensor bo;           // [D] or undefined
+    at::Tensor post_norm;    // [D]
+    at::Tensor w_gate_up;    // [2 I, D] fused gate/up projection
+    at::Tensor w_down;       // [D, I]
+  };
+
+  ModelConfig config;
+  DeviceOptions device_options;
+  at::TensorOptions options;       // model dtype + device
+  at::Tensor embed;                // [V, D]
+  std::vector<Layer> layers;
+  at::Tensor final_norm;           // [D]
+  at::Tensor lm_head;              // [V, D] (the embedding when tied)
+  at::Tensor inv_freq;             // [d/2] float32 CPU
+
+  at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
+    // HF LlamaRMSNorm: normalise in float32, cast back, then scale.
+    at::Tensor xf = x.to(at::kFloat);
+    at::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
+    at::Tensor normed = xf * at::rsqrt(var + config.rms_norm_eps);
+    return weight * normed.to(x.scalar_type());
+  }
+
+  // Rotates x [N, m, d] (rows are heads) with tables cos/sin [m, d] float32.
+  static at::Tensor Rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    at::Tensor xf = x.to(at::kFloat);
+    const int64_t half = xf.size(-1) / 2;
+    at::Tensor rotated = at::cat({-xf.narrow(-1, half, half), xf.narrow(-1, 0, half)}, -1);
+    return (xf * cos + rotated * sin).to(x.scalar_type());
+  }
+
+  // Attention of queries q [H, m, d] (post-RoPE, at positions qpos) over the layer's
+  // cache entries k, v [G, n, d] at kpos [G, n]. Returns [m, H d].
+  at::Tensor Attention(int layer, const at::Tensor& q, const std::vector<int64_t>& qpos, const at::Tensor& k,
+                       const at::Tensor& v, const at::Tensor& kpos) const {
+    const int64_t H = config.num_heads, G = config.num_kv_heads, r = H / G, d = config.head_dim;
+    const int64_t m = q.size(1), n = k.size(1);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    const bool window = config.UsesSlidingWindow(layer);
+    at::Tensor kpos_dev = kpos.to(q.device());                       // [G, n]
+    at::Tensor qpos_all = at::tensor(qpos, at::kLong).to(q.device());  // [m]
+    at::Tensor out = at::empty({H, m, d}, q.options());
+    const int64_t block = std::max<int64_t>(1, std::min<int64_t>(m, kMaxScoreElements / std::max<int64_t>(1, H * n)));
+    at::Tensor kt = k.transpose(1, 2);  // [G, d, n]
+    for (int64_t s = 0; s < m; s += block) {
+      const int64_t b = std::min(block, m - s);
+      at::Tensor qb = q.narrow(1, s, b).reshape({G, r * b, d});           // heads of a group together
+      at::Tensor scores = at::bmm(qb, kt).to(at::kFloat).mul_(scale);   // [G, r*b, n]
+      at::Tensor qp = qpos_all.narrow(0, s, b).view({1, b, 1});          // [1, b, 1]
+      at::Tensor kp = kpos_dev.view({G, 1, n});                          // [G, 1, n]
+      at::Tensor allowed = kp <= qp;                                     // [G, b, n]
+      if (window) allowed = allowed & ((qp - kp) < config.sliding_window);
+      allowed = allowed.unsqueeze(1).expand({G, r, b, n}).reshape({G, r * b, n});
+      scores.masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+      at::Tensor probs = at::softmax(scores, -1).to(v.scalar_type());
+      at::Tensor ob = at::bmm(probs, v);                                 // [G, r*b, d]
+      out.narrow(1, s, b).copy_(ob.view({H, b, d}));
+    }
+    return out.transpose(0, 1).reshape({m, H * d});
+  }
+};
+
+Transformer::Transformer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Transformer::~Transformer() = default;
+
+const ModelConfig& Transformer::config() const { return impl_->config; }
+const DeviceOptions& Transformer::device_options() const { return impl_->device_options; }
+at::Tensor Transformer::RopeInvFreq() const { return impl_->inv_freq; }
+
+KvCache Transformer::NewCache() const {
+  return KvCache(impl_->config.num_layers, impl_->config.num_kv_heads, impl_->config.head_dim, impl_->options);
+}
+
+absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Load(const std::string& dir, const DeviceOptions& device) {
+  ECHOKV_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(dir));
+  return Create(config, *checkpoint, device);
+}
+
+absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConfig& config,
+                                                                 const Checkpoint& checkpoint,
+                                                                 const DeviceOptions& device) {
+  ECHOKV_RETURN_IF_ERROR(config.Validate());
+  ECHOKV_RETURN_IF_ERROR(device.Validate());
+  ECHOKV_RETURN_IF_ERROR(ValidateCheckpoint(checkpoint, config));
+  ECHOKV_ASSIGN_OR_RETURN(at::ScalarType dtype, ParseDType(device.dtype));
+  const int threads = device.num_threads > 0 ? device.num_threads : DefaultThreadCount();
+  if (at::get_num_threads() != threads) at::set_num_threads(threads);
+
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->device_options = device;
+  try {
+    impl->options = at::TensorOptions().dtype(dtype).device(c10::Device(device.device));
+    auto load = [&](const std::string& name) -> at::Tensor {
+      const TensorView* t = checkpoint.Find(name);  // present: ValidateCheckpoint passed
+      at::Tensor raw = at::from_blob(const_cast<uint8_t*>(t->data), t->shape,
+                                     at::TensorOptions().dtype(ToScalarType(t->dtype)));
+      return raw.to(impl->options, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    };
+    const std::string p = "model.layers.";
+    impl->embed = load("model.embed_tokens.weight");
+    for (int l = 0; l < config.num_layers; ++l) {
+      const std::string b = absl::StrCat(p, l, ".");
+      Impl::Layer layer;
+      layer.input_norm = load(b + "input_layernorm.weight");
+      layer.post_norm = load(b + "post_attention_layernorm.weight");
+      layer.wqkv = at::cat({load(b + "self_attn.q_proj.weight"), load(b + "self_attn.k_proj.weight"),
+                            load(b + "self_attn.v_proj.weight")},
+                           0);
+      if (config.qkv_bias) {
+        layer.bqkv = at::cat({load(b + "self_attn.q_proj.bias"), load(b + "self_attn.k_proj.bias"),
+                              load(b + "self_attn.v_proj.bias")},
+                             0);
+      }
+      layer.wo = load(b + "self_attn.o_proj.weight");
+      if (config.o_bias) layer.bo = load(b + "self_attn.o_proj.bias");
+      layer.w_gate_up = at::cat({load(b + "mlp.gate_proj.weight"), load(b + "mlp.up_proj.weight")}, 0);
+      layer.w_down = load(b + "mlp.down_proj.weight");
+      impl->layers.push_back(std::move(layer));
+    }
+    impl->final_norm = load("model.norm.weight");
+    impl->lm_head = config.tie_word_embeddings ? impl->embed : load("lm_head.weight");
+    impl->inv_freq = kernels::RopeInvFreq(config.head_dim, config.rope_theta);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("loading weights failed: ", ErrorText(e)));
+  }
+  ECHOKV_LOG(INFO) << "loaded " << ModelTypeName(config.type) << " model: " << config.num_layers << " layers, "
+                   << config.num_heads << "/" << config.num_kv_heads << " heads, d=" << config.head_dim
+                   << ", vocab " << config.vocab_size << " on " << device.device << " " << device.dtype << ", "
+                   << threads << " threads";
+  return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
+}
+
+absl::StatusOr<ForwardResult> Transformer::Forward(absl::Span<const int> tokens, KvCache* cache,
+                                                   const ForwardOptions& options) const {
+  const ModelConfig& c = impl_->config;
+  if (tokens.empty()) return absl::InvalidArgumentError("tokens: at least one token is required");
+  if (cache == nullptr) return absl::InvalidArgumentError("cache must not be null");
+  if (cache->num_layers() != c.num_layers || cache->num_kv_heads() != c.num_kv_heads ||
+      cache->head_dim() != c.head_dim) {
+    return absl::InvalidArgumentError("cache shape does not match the model (use Transformer::NewCache)");
+  }
+  if (options.chunk_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk_size must be >= 1, got ", options.chunk_size));
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", tokens[i], " at index ", i,
+                                                     " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  const int64_t start = cache->next_position();
+  const int64_t H = c.num_heads, G = c.num_kv_heads, d = c.head_dim;
+  const int64_t keep = options.keep_last_queries < 0 ? total : std::min<int64_t>(options.keep_last_queries, total);
+  const int64_t keep_from = total - keep;  // token index of the first kept query
+
+  ForwardResult result;
+  std::vector<std::vector<at::Tensor>> kept_queries(c.num_layers);
+  try {
+    const at::Device dev = impl_->options.device();
+    at::Tensor last_hidden;
+    for (int64_t s = 0; s < total; s += options.chunk_size) {
+      if (options.cancel != nullptr && options.cancel->load()) return absl::CancelledError("forward cancelled");
+      const int64_t m = std::min<int64_t>(options.chunk_size, total - s);
+      const bool last_chunk = s + m == total;
+      std::vector<int64_t> pos(m);
+      for (int64_t i = 0; i < m; ++i) pos[i] = start + s + i;
+      at::Tensor cos, sin;
+      kernels::RopeTables(pos, impl_->inv_freq, dev, &cos, &sin);  // [m, d]
+      std::vector<int64_t> ids(tokens.begin() + s, tokens.begin() + s + m);
+      at::Tensor x = impl_->embed.index_select(0, at::tensor(ids, at::kLong).to(dev));  // [m, D]
+
+      for (int l = 0; l < c.num_layers; ++l) {
+        const Impl::Layer& w = impl_->layers[l];
+        at::Tensor h = impl_->RmsNorm(x, w.input_norm);
+        at::Tensor qkv = w.bqkv.defined() ? at::linear(h, w.wqkv, w.bqkv) : at::linear(h, w.wqkv);
+        at::Tensor q = qkv.narrow(1, 0, H * d).view({m, H, d}).transpose(0, 1);          // [H, m, d]
+        at::Tensor k = qkv.narrow(1, H * d, G * d).view({m, G, d}).transpose(0, 1);      // [G, m, d]
+        at::Tensor v = qkv.narrow(1, (H + G) * d, G * d).view({m, G, d}).transpose(0, 1);
+        if (last_chunk && options.return_anchor_queries) {
+          result.anchor_queries.push_back(q.select(1, m - 1).to(at::kFloat).to(at::kCPU).clone());  // [H, d]
+        }
+        q = Impl::Rope(q, cos, sin);
+        k = Impl::Rope(k, cos, sin);
+        ECHOKV_RETURN_IF_ERROR(cache->Append(l, k, v, pos));
+        if (s + m > keep_from) {
+          const int64_t from = std::max<int64_t>(keep_from - s, 0);
+          kept_queries[l].push_back(q.narrow(1, from, m - from).to(at::kFloat));
+        }
+        at::Tensor attn = impl_->Attention(l, q, pos, cache->keys(l), cache->values(l), cache->positions(l));
+        at::Tensor o = w.bo.defined() ? at::linear(attn, w.wo, w.bo) : at::linear(attn, w.wo);
+        x = x + o;
+        at::Tensor h2 = impl_->RmsNorm(x, w.post_norm);
+        at::Tensor gu = at::linear(h2, w.w_gate_up);  // [m, 2I]
+        const int64_t inter = c.intermediate_size;
+        at::Tensor act = at::silu(gu.narrow(1, 0, inter)) * gu.narrow(1, inter, inter);
+        x = x + at::linear(act, w.w_down);
+      }
+      cache->set_next_position(start + s + m);
+      if (last_chunk) last_hidden = x.select(0, m - 1);
+      if (options.progress) options.progress(s + m, total);
+    }
+    at::Tensor normed = impl_->RmsNorm(last_hidden, impl_->final_norm);
+    result.logits = at::linear(normed, impl_->lm_head).to(at::kFloat).to(at::kCPU).contiguous();
+    if (keep > 0) {
+      for (int l = 0; l < c.num_layers; ++l) result.queries.push_back(at::cat(kept_queries[l], 1));
+      for (int64_t i = keep_from; i < total; ++i) result.query_positions.push_back(start + i);
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("forward failed: ", ErrorText(e)));
+  }
+  return result;
+}
+
+absl::StatusOr<DecodeResult> Transformer::Decode(int token, KvCache* cache, bool return_queries) const {
+  ForwardOptions options;
+  options.keep_last_queries = return_queries ? 1 : 0;
+  const int tokens[1] = {token};
+  ECHOKV_ASSIGN_OR_RETURN(ForwardResult r, Forward(absl::MakeConstSpan(tokens, 1), cache, options));
+  DecodeResult out;
+  out.logits = std::move(r.logits);
+  if (return_queries) {
+    for (at::Tensor& q : r.queries) out.queries.push_back(q.select(1, 0));  // [H, d]
+  }
+  return out;
+}
+
+}  // namespace echokv::model
