@@ -90,6 +90,45 @@ absl::Status KvCache::Append(int layer, const at::Tensor& k, const at::Tensor& v
   return cells_.AppendAll(layer, positions);
 }
 
+absl::Status KvCache::AppendRow(int layer, const float* k, const float* v, int64_t position) {
+  if (layer < 0 || layer >= num_layers()) {
+    return absl::OutOfRangeError(absl::StrCat("layer ", layer, " out of range [0, ", num_layers(), ")"));
+  }
+  if (options_.dtype() != at::kFloat || options_.device().type() != at::kCPU) {
+    return absl::FailedPreconditionError("AppendRow needs a CPU float32 cache");
+  }
+  const int64_t n = size(layer);
+  try {
+    EnsureCapacity(layer, n + 1);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("KV append failed: ", e.what_without_backtrace()));
+  }
+  float* kd = layers_[layer].k.data_ptr<float>();
+  float* vd = layers_[layer].v.data_ptr<float>();
+  const int64_t stride = layers_[layer].k.size(1) * head_dim_;
+  for (int g = 0; g < num_kv_heads_; ++g) {
+    std::copy(k + g * head_dim_, k + (g + 1) * head_dim_, kd + g * stride + n * head_dim_);
+    std::copy(v + g * head_dim_, v + (g + 1) * head_dim_, vd + g * stride + n * head_dim_);
+  }
+  const int64_t pos[1] = {position};
+  return cells_.AppendAll(layer, pos);
+}
+
+const float* KvCache::KeyData(int layer) const {
+  const Layer& l = layers_.at(layer);
+  return l.k.defined() ? l.k.data_ptr<float>() : nullptr;
+}
+
+const float* KvCache::ValueData(int layer) const {
+  const Layer& l = layers_.at(layer);
+  return l.v.defined() ? l.v.data_ptr<float>() : nullptr;
+}
+
+int64_t KvCache::GroupStride(int layer) const {
+  const Layer& l = layers_.at(layer);
+  return l.k.defined() ? l.k.size(1) * head_dim_ : 0;
+}
+
 absl::StatusOr<KvCache> KvCache::Gather(const KvCache& src, const std::vector<at::Tensor>& indices) {
   if (static_cast<int>(indices.size()) != src.num_layers()) {
     return absl::InvalidArgumentError(

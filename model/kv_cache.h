@@ -53,6 +53,15 @@ class KvCache {
   absl::Status Append(int layer, const at::Tensor& k, const at::Tensor& v,
                       absl::Span<const int64_t> positions);
 
+  // Appends one entry to every group of `layer` from raw float32 rows (CPU float32
+  // caches only; the decode fast path): k, v point at G * d floats, group-major.
+  absl::Status AppendRow(int layer, const float* k, const float* v, int64_t position);
+  // Raw float32 storage of `layer` (CPU float32 caches only): group g's entry i
+  // starts at data + g * group_stride + i * d. Valid until the next append.
+  const float* KeyData(int layer) const;
+  const float* ValueData(int layer) const;
+  int64_t GroupStride(int layer) const;
+
   // A new cache holding, for each layer l, the entries indices[l] ([G, n_l] int64,
   // ascending per group) of `src`. next_position is copied.
   static absl::StatusOr<KvCache> Gather(const KvCache& src, const std::vector<at::Tensor>& indices);

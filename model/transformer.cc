@@ -46,6 +46,47 @@ at::ScalarType ToScalarType(DType d) {
 
 std::string ErrorText(const c10::Error& e) { return e.what_without_backtrace(); }
 
+// ---- CPU float32 decode fast path: plain loops, no per-op dispatch. ----
+
+// Dot product of n floats. Eight independent accumulators let the compiler use
+// SIMD without -ffast-math; target_clones adds an AVX2+FMA version picked at load.
+__attribute__((target_clones("default", "arch=haswell"))) float Dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// y[rows] = W[rows, cols] x[cols] (+ bias); rows split over the intra-op pool when
+// the matrix is large enough to pay for it.
+void MatVec(const float* w, const float* x, const float* bias, int64_t rows, int64_t cols, float* y) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(cols, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) y[r] = Dot(w + r * cols, x, cols) + (bias ? bias[r] : 0.0f);
+  });
+}
+
+void RmsNormRow(const float* x, const float* w, int64_t n, double eps, float* out) {
+  float ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(eps));
+  for (int64_t i = 0; i < n; ++i) out[i] = w[i] * (x[i] * inv);
+}
+
+// rotate_half RoPE of one head vector with precomputed cos/sin [d/2].
+void RopeRow(float* v, const float* cos, const float* sin, int64_t d) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = v[i], b = v[i + half];
+    v[i] = a * cos[i] - b * sin[i];
+    v[i + half] = b * cos[i] + a * sin[i];
+  }
+}
+
 }  // namespace
 
 absl::Status DeviceOptions::Validate() const {
@@ -134,6 +175,93 @@ struct Transformer::Impl {
       out.narrow(1, s, b).copy_(ob.view({H, b, d}));
     }
     return out.transpose(0, 1).reshape({m, H * d});
+  }
+
+  bool CanUseCpuFastPath() const {
+    return options.device().is_cpu() && options.dtype() == at::kFloat;
+  }
+
+  // One token on CPU float32 with plain loops (same math as Forward, which the tests
+  // compare it with). Appends the token's KV to `cache`.
+  absl::StatusOr<DecodeResult> DecodeCpu(int token, KvCache* cache, bool return_queries) const {
+    const ModelConfig& c = config;
+    const int64_t D = c.hidden_size, H = c.num_heads, G = c.num_kv_heads, d = c.head_dim, r = H / G;
+    const int64_t I = c.intermediate_size, V = c.vocab_size;
+    const int64_t pos = cache->next_position();
+    std::vector<float> x(embed.data_ptr<float>() + token * D, embed.data_ptr<float>() + (token + 1) * D);
+    std::vector<float> h(D), qkv((H + 2 * G) * d), attn(H * d), o(D), gu(2 * I), act(I), down(D);
+    std::vector<float> cos(d / 2), sin(d / 2);
+    const float* inv = inv_freq.data_ptr<float>();
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const float angle = static_cast<float>(pos) * inv[i];  // float32 angle, as the reference
+      cos[i] = std::cos(angle);
+      sin[i] = std::sin(angle);
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    DecodeResult result;
+    for (int l = 0; l < c.num_layers; ++l) {
+      const Layer& w = layers[l];
+      RmsNormRow(x.data(), w.input_norm.data_ptr<float>(), D, c.rms_norm_eps, h.data());
+      MatVec(w.wqkv.data_ptr<float>(), h.data(), w.bqkv.defined() ? w.bqkv.data_ptr<float>() : nullptr,
+             (H + 2 * G) * d, D, qkv.data());
+      float* q = qkv.data();
+      float* k = q + H * d;
+      float* v = k + G * d;
+      for (int64_t i = 0; i < H; ++i) RopeRow(q + i * d, cos.data(), sin.data(), d);
+      for (int64_t i = 0; i < G; ++i) RopeRow(k + i * d, cos.data(), sin.data(), d);
+      ECHOKV_RETURN_IF_ERROR(cache->AppendRow(l, k, v, pos));
+      if (return_queries) {
+        result.queries.push_back(at::from_blob(q, {H, d}, at::kFloat).clone());
+      }
+      const int64_t n = cache->size(l);
+      const float* kd = cache->KeyData(l);
+      const float* vd = cache->ValueData(l);
+      const int64_t stride = cache->GroupStride(l);
+      const bool window = c.UsesSlidingWindow(l);
+      at::parallel_for(0, H, std::max<int64_t>(1, 4096 / std::max<int64_t>(n * d, 1)), [&](int64_t hb, int64_t he) {
+        std::vector<float> scores(n);
+        for (int64_t hh = hb; hh < he; ++hh) {
+          const int64_t g = hh / r;
+          const std::vector<int64_t>& kpos = cache->cells().positions(l, static_cast<int>(g));
+          const float* qh = q + hh * d;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < n; ++j) {
+            if (window && pos - kpos[j] >= c.sliding_window) {
+              scores[j] = -std::numeric_limits<float>::infinity();
+              continue;
+            }
+            scores[j] = Dot(qh, kd + g * stride + j * d, d) * scale;
+            mx = std::max(mx, scores[j]);
+          }
+          float den = 0;
+          for (int64_t j = 0; j < n; ++j) den += (scores[j] = std::exp(scores[j] - mx));
+          float* out = attn.data() + hh * d;
+          std::fill(out, out + d, 0.0f);
+          for (int64_t j = 0; j < n; ++j) {
+            const float p = scores[j] / den;
+            if (p == 0.0f) continue;
+            const float* vj = vd + g * stride + j * d;
+            for (int64_t i = 0; i < d; ++i) out[i] += p * vj[i];
+          }
+        }
+      });
+      MatVec(w.wo.data_ptr<float>(), attn.data(), w.bo.defined() ? w.bo.data_ptr<float>() : nullptr, D, H * d,
+             o.data());
+      for (int64_t i = 0; i < D; ++i) x[i] += o[i];
+      RmsNormRow(x.data(), w.post_norm.data_ptr<float>(), D, c.rms_norm_eps, h.data());
+      MatVec(w.w_gate_up.data_ptr<float>(), h.data(), nullptr, 2 * I, D, gu.data());
+      for (int64_t i = 0; i < I; ++i) {
+        const float g = gu[i];
+        act[i] = g / (1.0f + std::exp(-g)) * gu[I + i];
+      }
+      MatVec(w.w_down.data_ptr<float>(), act.data(), nullptr, D, I, down.data());
+      for (int64_t i = 0; i < D; ++i) x[i] += down[i];
+    }
+    cache->set_next_position(pos + 1);
+    RmsNormRow(x.data(), final_norm.data_ptr<float>(), D, c.rms_norm_eps, h.data());
+    result.logits = at::empty({V}, at::kFloat);
+    MatVec(lm_head.data_ptr<float>(), h.data(), nullptr, V, D, result.logits.data_ptr<float>());
+    return result;
   }
 };
 
@@ -292,6 +420,23 @@ absl::StatusOr<ForwardResult> Transformer::Forward(absl::Span<const int> tokens,
 }
 
 absl::StatusOr<DecodeResult> Transformer::Decode(int token, KvCache* cache, bool return_queries) const {
+  if (impl_->CanUseCpuFastPath() && cache != nullptr && cache->options().dtype() == at::kFloat &&
+      cache->options().device().is_cpu() && cache->num_layers() == impl_->config.num_layers &&
+      cache->num_kv_heads() == impl_->config.num_kv_heads && cache->head_dim() == impl_->config.head_dim) {
+    if (token < 0 || token >= impl_->config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", token, " at index 0 is outside the vocabulary [0, ",
+                                                     impl_->config.vocab_size, ")"));
+    }
+    try {
+      return impl_->DecodeCpu(token, cache, return_queries);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("decode failed: ", ErrorText(e)));
+    }
+  }
+  return DecodeWithForward(token, cache, return_queries);
+}
+
+absl::StatusOr<DecodeResult> Transformer::DecodeWithForward(int token, KvCache* cache, bool return_queries) const {
   ForwardOptions options;
   options.keep_last_queries = return_queries ? 1 : 0;
   const int tokens[1] = {token};

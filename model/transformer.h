@@ -91,6 +91,9 @@ class Transformer {
   // One token at cache->next_position() (the decode fast path). With
   // return_queries, fills DecodeResult::queries (per layer, post-RoPE, all heads).
   absl::StatusOr<DecodeResult> Decode(int token, KvCache* cache, bool return_queries = false) const;
+  // The same step through the batched (device-generic) Forward path; Decode uses
+  // this off CPU float32. Public so tests can compare the two paths.
+  absl::StatusOr<DecodeResult> DecodeWithForward(int token, KvCache* cache, bool return_queries = false) const;
 
  private:
   struct Impl;

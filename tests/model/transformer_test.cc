@@ -169,6 +169,33 @@ TEST_P(TransformerFamilyTest, AnchorAndKeptQueriesAreConsistent) {
   EXPECT_EQ(d.queries[0].sizes(), (std::vector<int64_t>{c.num_heads, c.head_dim}));
 }
 
+// The CPU float32 decode fast path and the batched Forward path agree step by step
+// (logits, queries and the appended KV), including on a per-group subset view.
+TEST_P(TransformerFamilyTest, DecodeFastPathEqualsForwardPath) {
+  const auto& c = ref_.config;
+  const std::vector<int> tokens = Tokens(14, c.vocab_size, 5);
+  KvCache a = model_->NewCache(), b = model_->NewCache();
+  ASSERT_OK(model_->Forward(absl::MakeConstSpan(tokens.data(), 6), &a).status());
+  ASSERT_OK(model_->Forward(absl::MakeConstSpan(tokens.data(), 6), &b).status());
+  std::vector<at::Tensor> idx;
+  for (int l = 0; l < c.num_layers; ++l) {
+    idx.push_back(at::tensor({0, 2, 3, 5, 1, 2, 4, 5}, at::kLong).view({2, 4}).narrow(0, 0, c.num_kv_heads));
+  }
+  ASSERT_OK_AND_ASSIGN(KvCache va, KvCache::Gather(a, idx));
+  ASSERT_OK_AND_ASSIGN(KvCache vb, KvCache::Gather(b, idx));
+  for (size_t t = 6; t < tokens.size(); ++t) {
+    ASSERT_OK_AND_ASSIGN(DecodeResult fast, model_->Decode(tokens[t], &va, true));
+    ASSERT_OK_AND_ASSIGN(DecodeResult slow, model_->DecodeWithForward(tokens[t], &vb, true));
+    EXPECT_LT(MaxAbsDiff(fast.logits, slow.logits), 1e-5) << "step " << t;
+    for (int l = 0; l < c.num_layers; ++l) {
+      EXPECT_LT(MaxAbsDiff(fast.queries[l], slow.queries[l]), 1e-5);
+      EXPECT_LT(MaxAbsDiff(va.keys(l), vb.keys(l)), 1e-5);
+      EXPECT_LT(MaxAbsDiff(va.values(l), vb.values(l)), 1e-5);
+    }
+  }
+  EXPECT_EQ(va.cells(), vb.cells());
+}
+
 TEST_P(TransformerFamilyTest, RejectsBadInput) {
   KvCache cache = model_->NewCache();
   EXPECT_THAT(model_->Forward({}, &cache), StatusIs(absl::StatusCode::kInvalidArgument, "at least one token"));

@@ -1,0 +1,46 @@
+// Shared helpers of the bench/ programs: deterministic random checkpoints of a given
+// size and the synthetic context every speed bench uses.
+//
+//   BenchModelSpec spec = Bench40M();                       // d=512, 8 layers, 8/4 heads, vocab 32000
+//   ECHOKV_RETURN_IF_ERROR(WriteRandomLlama("/tmp/m40", spec, /*seed=*/7));
+//   std::vector<int> ctx = BenchContext(2048, spec.vocab);  // BOS + fixed pattern
+#ifndef ECHOKV_BENCH_BENCH_UTIL_H_
+#define ECHOKV_BENCH_BENCH_UTIL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace echokv::bench {
+
+struct BenchModelSpec {
+  int hidden = 512;
+  int intermediate = 1376;
+  int layers = 8;
+  int heads = 8;
+  int kv_heads = 4;
+  int vocab = 32000;
+  int max_positions = 16384;
+  bool tied = true;  // ~40M parameters with tied embeddings
+};
+
+// The "random ~40M-parameter llama" of the issues.
+inline BenchModelSpec Bench40M() { return BenchModelSpec(); }
+
+// Writes config.json + model.safetensors (F32, N(0, 0.02) weights, unit norms) unless
+// `dir`/model.safetensors already exists with the same config.
+absl::Status WriteRandomLlama(const std::string& dir, const BenchModelSpec& spec, uint64_t seed);
+
+// BOS (1) then (i * 7919 + 13) % vocab: the same ids bench/llama2c_ref.cc feeds.
+std::vector<int> BenchContext(int length, int vocab);
+
+// Peak resident set size of this process so far, in bytes (VmHWM).
+int64_t PeakRssBytes();
+// Current resident set size in bytes (VmRSS).
+int64_t CurrentRssBytes();
+
+}  // namespace echokv::bench
+
+#endif  // ECHOKV_BENCH_BENCH_UTIL_H_

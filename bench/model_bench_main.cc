@@ -1,0 +1,126 @@
+// Prefill and decode speed of echokv's transformer, side by side with the plain C
+// llama2.c-style reference (echokv-bench-llama2c) on the same weights and context.
+//
+//   echokv-bench-model --model /work/shared/models/stories260K --contexts 128,448 \
+//       --decode 64 --llama2c build/bin/echokv-bench-llama2c
+//   echokv-bench-model --random40m /tmp/echokv-m40 --contexts 512,2048 --decode 64 ...
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
+#include "common/logging.h"
+#include "model/sampler.h"
+#include "model/transformer.h"
+
+ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
+ABSL_FLAG(std::string, random40m, "", "write (once) and use the random ~40M llama in this directory");
+ABSL_FLAG(std::string, contexts, "512,2048", "context lengths, comma-separated");
+ABSL_FLAG(int, decode, 64, "tokens to decode after each context");
+ABSL_FLAG(int, chunk, 256, "prefill chunk size");
+ABSL_FLAG(int, threads, 0, "LibTorch threads (0 = all cores)");
+ABSL_FLAG(std::string, llama2c, "", "path of echokv-bench-llama2c to run on the same weights");
+
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Runs the C reference and returns its decode tokens/s (0 on failure).
+double RunLlama2c(const std::string& bin, const std::string& dir, int context, int decode) {
+  std::string cmd = bin + " --model '" + dir + "' --context " + std::to_string(context) + " --decode " +
+                    std::to_string(decode) + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return 0;
+  char line[4096];
+  double decode_tps = 0;
+  while (fgets(line, sizeof(line), p) != nullptr) {
+    std::string s(line);
+    auto at = s.find("decode ");
+    if (s.rfind("llama2c-style", 0) == 0 && at != std::string::npos) decode_tps = std::atof(s.c_str() + at + 7);
+  }
+  pclose(p);
+  return decode_tps;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  echokv::InitLogging(argv[0]);
+  std::string dir = absl::GetFlag(FLAGS_model);
+  if (!absl::GetFlag(FLAGS_random40m).empty()) {
+    dir = absl::GetFlag(FLAGS_random40m);
+    std::fprintf(stderr, "writing/using the random ~40M llama in %s\n", dir.c_str());
+    if (auto s = echokv::bench::WriteRandomLlama(dir, echokv::bench::Bench40M(), 7); !s.ok()) {
+      std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  if (dir.empty()) {
+    std::fprintf(stderr, "error: --model or --random40m is required\n");
+    return 2;
+  }
+  echokv::model::DeviceOptions dev;
+  dev.num_threads = absl::GetFlag(FLAGS_threads);
+  auto model = echokv::model::Transformer::Load(dir, dev);
+  if (!model.ok()) {
+    std::fprintf(stderr, "error: %s\n", model.status().ToString().c_str());
+    return 1;
+  }
+  const auto& cfg = (*model)->config();
+  std::printf("model %s: %d layers, hidden %d, %d/%d heads, vocab %d; LibTorch threads %d\n", dir.c_str(),
+              cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size,
+              at::get_num_threads());
+  std::printf("%-8s %14s %14s %16s %10s\n", "context", "prefill tok/s", "decode tok/s", "llama2c decode", "ratio");
+  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_contexts), ',')) {
+    int context = 0;
+    if (!absl::SimpleAtoi(c, &context) || context < 1) {
+      std::fprintf(stderr, "error: bad --contexts entry '%s'\n", std::string(c).c_str());
+      return 2;
+    }
+    const int decode = absl::GetFlag(FLAGS_decode);
+    std::vector<int> ids = echokv::bench::BenchContext(context, cfg.vocab_size);
+    echokv::model::KvCache cache = (*model)->NewCache();
+    echokv::model::ForwardOptions fo;
+    fo.chunk_size = absl::GetFlag(FLAGS_chunk);
+    auto t0 = std::chrono::steady_clock::now();
+    auto pre = (*model)->Forward(ids, &cache, fo);
+    auto t1 = std::chrono::steady_clock::now();
+    if (!pre.ok()) {
+      std::fprintf(stderr, "error: %s\n", pre.status().ToString().c_str());
+      return 1;
+    }
+    at::Tensor logits = pre->logits;
+    for (int i = 0; i < decode; ++i) {
+      int next = echokv::model::Argmax(absl::MakeConstSpan(logits.data_ptr<float>(), logits.numel()));
+      auto step = (*model)->Decode(next, &cache);
+      if (!step.ok()) {
+        std::fprintf(stderr, "error: %s\n", step.status().ToString().c_str());
+        return 1;
+      }
+      logits = step->logits;
+    }
+    auto t2 = std::chrono::steady_clock::now();
+    const double prefill_tps = context / Seconds(t0, t1);
+    const double decode_tps = decode / Seconds(t1, t2);
+    double ref = 0;
+    if (!absl::GetFlag(FLAGS_llama2c).empty()) ref = RunLlama2c(absl::GetFlag(FLAGS_llama2c), dir, context, decode);
+    if (ref > 0) {
+      std::printf("%-8d %14.1f %14.1f %16.1f %9.2fx\n", context, prefill_tps, decode_tps, ref, decode_tps / ref);
+    } else {
+      std::printf("%-8d %14.1f %14.1f %16s %10s\n", context, prefill_tps, decode_tps, "-", "-");
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
