@@ -1,0 +1,120 @@
+// echokv-generate as a user runs it: JSON shape, agreement with the library on
+// stories260K, and flag errors that name the field (non-zero exit, stderr).
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/test_data.h"
+
+namespace echokv {
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+RunResult RunCli(const std::string& args) {
+  const std::string err_file = testing::MakeTempDir("echokv_cli_") + "/stderr";
+  const std::string cmd = std::string(ECHOKV_GENERATE_BIN) + " " + args + " 2>" + err_file;
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = testing::ReadFileOrDie(err_file);
+  return r;
+}
+
+class GenerateCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto data = testing::TestDataDir();
+    if (!data) GTEST_SKIP() << "ECHOKV_TEST_DATA is not set: this test needs models/stories260K";
+    model_ = *data + "/models/stories260K";
+  }
+  std::string model_;
+};
+
+TEST_F(GenerateCliTest, JsonHasTheDocumentedFieldsAndReproducesGolden) {
+  const nlohmann::json golden =
+      nlohmann::json::parse(testing::ReadFileOrDie(model_ + "/golden_public.json"));
+  const auto& c = golden.at("cases").at(1);  // "Lily and Tom went to the park. They saw"
+  const std::vector<int> expected = c.at("generated_ids");
+  RunResult r = RunCli("--model " + model_ + " --prompt '" + c.at("prompt").get<std::string>() +
+                    "' --max-tokens 20 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("prompt_ids").get<std::vector<int>>(), c.at("prompt_ids").get<std::vector<int>>());
+  EXPECT_EQ(j.at("output_ids").get<std::vector<int>>(), std::vector<int>(expected.begin(), expected.begin() + 20));
+  EXPECT_EQ(j.at("stop_reason"), "length");
+  EXPECT_FALSE(j.at("text").get<std::string>().empty());
+  EXPECT_GE(j.at("timings_ms").at("prefill").get<double>(), 0.0);
+  EXPECT_GE(j.at("timings_ms").at("decode").get<double>(), 0.0);
+  EXPECT_EQ(j.at("compression").at("policy"), "full");
+}
+
+TEST_F(GenerateCliTest, CompressionReportAndRetainedDump) {
+  RunResult r = RunCli("--model " + model_ +
+                    " --prompt-ids 1,403,407,261,378,432,383,286,261,376,298,315,421,395,317,426,338,401,"
+                    "270,261,308,400,272,442,500,311,263,380,290,292 --max-tokens 8 --json --policy echokv "
+                    "--budget 8 --lookahead 4 --workspace 16 --dump-retained");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const auto& rep = j.at("compression");
+  EXPECT_EQ(rep.at("policy"), "echokv");
+  EXPECT_EQ(rep.at("forward_passes"), 4);
+  EXPECT_EQ(rep.at("retained_entries").get<int64_t>() * rep.at("full_kv_bytes").get<int64_t>(),
+            rep.at("total_entries").get<int64_t>() * rep.at("retained_kv_bytes").get<int64_t>());
+  const auto& retained = j.at("retained");
+  ASSERT_EQ(retained.size(), 5u * 4u);  // layers x KV groups, layer-major
+  for (const auto& group : retained) {
+    std::vector<int> pos = group;
+    ASSERT_EQ(pos.size(), 8u);
+    for (size_t i = 0; i < pos.size(); ++i) {
+      EXPECT_GE(pos[i], 0);
+      EXPECT_LT(pos[i], 30);
+      if (i > 0) EXPECT_LT(pos[i - 1], pos[i]);
+    }
+  }
+  EXPECT_EQ(j.at("output_ids").size(), 8u);
+}
+
+TEST_F(GenerateCliTest, BadFlagsNameTheField) {
+  struct Case {
+    std::string flags;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"--policy echokv --lookahead 7", "lookahead"},
+      {"--policy echokv --budget 64 --workspace 32", "workspace"},
+      {"--policy echokv --budget 16 --window 16", "window"},
+      {"--policy nosuch", "policy"},
+      {"--policy echokv --budget 0", "budget"},
+      {"--max-tokens 0", "max-tokens"},
+      {"--temperature -1", "temperature"},
+      {"--repair maybe", "repair"},
+      {"--prompt-ids 1,x", "prompt-ids"},
+      {"--prompt-ids 1,99999", "token id 99999"},
+  };
+  for (const Case& c : cases) {
+    const std::string prompt = c.flags.find("--prompt-ids") == std::string::npos ? " --prompt 'Once upon a time'" : "";
+    RunResult r = RunCli("--model " + model_ + prompt + " " + c.flags);
+    EXPECT_NE(r.exit_code, 0) << c.flags;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.flags << " -> stderr: " << r.err;
+    EXPECT_TRUE(r.out.empty()) << c.flags;
+  }
+  RunResult missing = RunCli("--model /nonexistent/dir --prompt hi");
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find("/nonexistent/dir"), std::string::npos) << missing.err;
+}
+
+}  // namespace
+}  // namespace echokv
