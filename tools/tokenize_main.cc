@@ -1,1 +1,118 @@
-int main() { return 1; }  // (being written)
+// echokv-tokenize: encode text to ids and pieces, or decode ids, with a model folder's
+// tokenizer (tokenizer.json byte-level BPE or tokenizer.model SentencePiece).
+//
+//   echokv-tokenize --tokenizer /models/qwen2.5 --text "Hello world"
+//   echokv-tokenize --tokenizer /models/qwen2.5 --text "<|im_end|>" --no-special --json
+//   echokv-tokenize --tokenizer /models/qwen2.5 --decode 9707,1879 [--skip-special]
+//
+// Flag names accept '-' or '_' (--no-special == --no_special). Errors go to stderr
+// with a non-zero exit status.
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "model/tokenizer.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, tokenizer, "", "Model folder holding tokenizer.json or tokenizer.model");
+ABSL_FLAG(std::string, text, "", "Text to encode");
+ABSL_FLAG(bool, no_special, false,
+          "Encode added/special-token strings (e.g. <|im_end|>) as plain text");
+ABSL_FLAG(bool, no_bos, false, "Do not add the tokenizer's default BOS/EOS");
+ABSL_FLAG(std::string, decode, "", "Comma-separated ids to decode instead of encoding");
+ABSL_FLAG(bool, skip_special, false, "With --decode: drop special tokens");
+ABSL_FLAG(bool, json, false, "Print JSON instead of text");
+
+namespace {
+
+// absl flags use '_'; accept '-' in the names of our own flags.
+void NormalizeFlagNames(int argc, char** argv, std::vector<std::string>* storage) {
+  static const char* const kNames[] = {"no_special", "no_bos", "skip_special"};
+  storage->reserve(argc);
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0) continue;
+    const size_t eq = arg.find('=');
+    std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    std::string underscored = name;
+    for (char& c : underscored) c = (c == '-') ? '_' : c;
+    for (const char* known : kNames) {
+      if (underscored == known || underscored == std::string("no") + known) {
+        storage->push_back("--" + underscored + (eq == std::string::npos ? "" : arg.substr(eq)));
+        argv[i] = storage->back().data();
+      }
+    }
+  }
+}
+
+int Fail(const std::string& message) {
+  std::cerr << "echokv-tokenize: " << message << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "echokv-tokenize --tokenizer DIR (--text T [--no-special] [--no-bos] | --decode 1,2,3 "
+      "[--skip-special]) [--json]");
+  std::vector<std::string> storage;
+  NormalizeFlagNames(argc, argv, &storage);
+  absl::ParseCommandLine(argc, argv);
+
+  const std::string dir = absl::GetFlag(FLAGS_tokenizer);
+  if (dir.empty()) return Fail("--tokenizer DIR is required");
+  auto tok_or = echokv::model::LoadTokenizer(dir);
+  if (!tok_or.ok()) return Fail(std::string(tok_or.status().ToString()));
+  const echokv::model::Tokenizer& tok = **tok_or;
+  const bool as_json = absl::GetFlag(FLAGS_json);
+
+  const std::string decode = absl::GetFlag(FLAGS_decode);
+  if (!decode.empty()) {
+    std::vector<int> ids;
+    for (absl::string_view part : absl::StrSplit(decode, ',', absl::SkipWhitespace())) {
+      int id;
+      if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &id)) {
+        return Fail("--decode: '" + std::string(part) + "' is not an integer id");
+      }
+      ids.push_back(id);
+    }
+    echokv::model::DecodeOptions opts;
+    opts.skip_special_tokens = absl::GetFlag(FLAGS_skip_special);
+    auto text = tok.Decode(ids, opts);
+    if (!text.ok()) return Fail(std::string(text.status().ToString()));
+    if (as_json) {
+      std::cout << nlohmann::json({{"text", *text}}).dump() << "\n";
+    } else {
+      std::cout << *text << "\n";
+    }
+    return 0;
+  }
+
+  echokv::model::EncodeOptions opts;
+  opts.parse_special = !absl::GetFlag(FLAGS_no_special);
+  opts.add_special_tokens = !absl::GetFlag(FLAGS_no_bos);
+  auto ids = tok.Encode(absl::GetFlag(FLAGS_text), opts);
+  if (!ids.ok()) return Fail(std::string(ids.status().ToString()));
+  std::vector<std::string> pieces;
+  for (int id : *ids) pieces.push_back(tok.IdToPiece(id));
+  if (as_json) {
+    std::cout << nlohmann::json({{"ids", *ids}, {"tokens", pieces}}).dump() << "\n";
+  } else {
+    std::cout << "ids: " << absl::StrJoin(*ids, ",") << "\n";
+    for (size_t i = 0; i < ids->size(); ++i) {
+      std::cout << (*ids)[i] << "\t" << pieces[i] << (tok.IsSpecial((*ids)[i]) ? "\t(special)" : "")
+                << "\n";
+    }
+  }
+  return 0;
+}
