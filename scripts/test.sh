@@ -11,5 +11,8 @@ if [[ -z "${ECHOKV_TEST_DATA:-}" && -d ../shared/models ]]; then
   export ECHOKV_TEST_DATA="$(cd ../shared && pwd)"
 fi
 echo "test: ECHOKV_TEST_DATA=${ECHOKV_TEST_DATA:-<unset: model tests will skip>}" >&2
+# One LibTorch thread per test process: ctest runs tests in parallel, and OpenMP
+# regions with more threads than free cores stall on each other.
+export ECHOKV_THREADS="${ECHOKV_THREADS:-1}"
 cd "${ECHOKV_BUILD_DIR:-build}"
 ctest --output-on-failure -j "${ECHOKV_TEST_JOBS:-2}" "$@"

@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/flag_names.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 
@@ -34,26 +35,6 @@ ABSL_FLAG(bool, json, false, "Print JSON instead of text");
 
 namespace {
 
-// absl flags use '_'; accept '-' in the names of our own flags.
-void NormalizeFlagNames(int argc, char** argv, std::vector<std::string>* storage) {
-  static const char* const kNames[] = {"no_special", "no_bos", "skip_special"};
-  storage->reserve(argc);
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg.rfind("--", 0) != 0) continue;
-    const size_t eq = arg.find('=');
-    std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
-    std::string underscored = name;
-    for (char& c : underscored) c = (c == '-') ? '_' : c;
-    for (const char* known : kNames) {
-      if (underscored == known || underscored == std::string("no") + known) {
-        storage->push_back("--" + underscored + (eq == std::string::npos ? "" : arg.substr(eq)));
-        argv[i] = storage->back().data();
-      }
-    }
-  }
-}
-
 int Fail(const std::string& message) {
   std::cerr << "echokv-tokenize: " << message << "\n";
   return 1;
@@ -65,9 +46,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "echokv-tokenize --tokenizer DIR (--text T [--no-special] [--no-bos] | --decode 1,2,3 "
       "[--skip-special]) [--json]");
-  std::vector<std::string> storage;
-  NormalizeFlagNames(argc, argv, &storage);
-  absl::ParseCommandLine(argc, argv);
+  echokv::DashedFlagArgs dashed(argc, argv);
+  absl::ParseCommandLine(dashed.argc(), dashed.argv());
 
   const std::string dir = absl::GetFlag(FLAGS_tokenizer);
   if (dir.empty()) return Fail("--tokenizer DIR is required");
