@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "common/flag_names.h"
 #include "common/logging.h"
 #include "model/sampler.h"
 #include "model/transformer.h"
@@ -28,6 +29,7 @@ ABSL_FLAG(int, decode, 64, "tokens to decode after each context");
 ABSL_FLAG(int, chunk, 256, "prefill chunk size");
 ABSL_FLAG(int, threads, 0, "LibTorch threads (0 = all cores)");
 ABSL_FLAG(std::string, llama2c, "", "path of echokv-bench-llama2c to run on the same weights");
+ABSL_FLAG(std::string, llama2c_fast, "", "path of echokv-bench-llama2c-fast (-Ofast -march=native build)");
 
 namespace {
 
@@ -55,7 +57,8 @@ double RunLlama2c(const std::string& bin, const std::string& dir, int context, i
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  echokv::DashedFlagArgs dashed(argc, argv);
+  absl::ParseCommandLine(dashed.argc(), dashed.argv());
   echokv::InitLogging(argv[0]);
   std::string dir = absl::GetFlag(FLAGS_model);
   if (!absl::GetFlag(FLAGS_random40m).empty()) {
@@ -81,7 +84,8 @@ int main(int argc, char** argv) {
   std::printf("model %s: %d layers, hidden %d, %d/%d heads, vocab %d; LibTorch threads %d\n", dir.c_str(),
               cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size,
               at::get_num_threads());
-  std::printf("%-8s %14s %14s %16s %10s\n", "context", "prefill tok/s", "decode tok/s", "llama2c decode", "ratio");
+  std::printf("%-8s %14s %14s %16s %8s %16s %8s\n", "context", "prefill tok/s", "decode tok/s", "llama2c -O3",
+              "ratio", "llama2c -Ofast", "ratio");
   for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_contexts), ',')) {
     int context = 0;
     if (!absl::SimpleAtoi(c, &context) || context < 1) {
@@ -113,13 +117,16 @@ int main(int argc, char** argv) {
     auto t2 = std::chrono::steady_clock::now();
     const double prefill_tps = context / Seconds(t0, t1);
     const double decode_tps = decode / Seconds(t1, t2);
-    double ref = 0;
-    if (!absl::GetFlag(FLAGS_llama2c).empty()) ref = RunLlama2c(absl::GetFlag(FLAGS_llama2c), dir, context, decode);
-    if (ref > 0) {
-      std::printf("%-8d %14.1f %14.1f %16.1f %9.2fx\n", context, prefill_tps, decode_tps, ref, decode_tps / ref);
-    } else {
-      std::printf("%-8d %14.1f %14.1f %16s %10s\n", context, prefill_tps, decode_tps, "-", "-");
+    std::printf("%-8d %14.1f %14.1f", context, prefill_tps, decode_tps);
+    for (const std::string& bin : {absl::GetFlag(FLAGS_llama2c), absl::GetFlag(FLAGS_llama2c_fast)}) {
+      const double ref = bin.empty() ? 0 : RunLlama2c(bin, dir, context, decode);
+      if (ref > 0) {
+        std::printf(" %16.1f %7.2fx", ref, decode_tps / ref);
+      } else {
+        std::printf(" %16s %8s", "-", "-");
+      }
     }
+    std::printf("\n");
     std::fflush(stdout);
   }
   return 0;

@@ -61,6 +61,35 @@ __attribute__((target_clones("default", "arch=haswell"))) float Dot(const float*
   return s;
 }
 
+// scores[j] = scale * q . k_j for n rows k_j = keys + j * d (one call per head, so
+// the clone dispatch is paid once, not per entry).
+__attribute__((target_clones("default", "arch=haswell"))) void ScoreRows(const float* q, const float* keys,
+                                                                          int64_t n, int64_t d, float scale,
+                                                                          float* scores) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float* k = keys + j * d;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8) {
+      for (int t = 0; t < 8; ++t) acc[t] += q[i + t] * k[i + t];
+    }
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < d; ++i) s += q[i] * k[i];
+    scores[j] = s * scale;
+  }
+}
+
+// out[d] = sum_j p[j] * v_j for n rows v_j = values + j * d.
+__attribute__((target_clones("default", "arch=haswell"))) void WeightedSumRows(const float* p, const float* values,
+                                                                                int64_t n, int64_t d, float* out) {
+  for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    const float w = p[j];
+    const float* v = values + j * d;
+    for (int64_t i = 0; i < d; ++i) out[i] += w * v[i];
+  }
+}
+
 // y[rows] = W[rows, cols] x[cols] (+ bias); rows split over the intra-op pool when
 // the matrix is large enough to pay for it.
 void MatVec(const float* w, const float* x, const float* bias, int64_t rows, int64_t cols, float* y) {
@@ -224,25 +253,19 @@ struct Transformer::Impl {
           const int64_t g = hh / r;
           const std::vector<int64_t>& kpos = cache->cells().positions(l, static_cast<int>(g));
           const float* qh = q + hh * d;
-          float mx = -std::numeric_limits<float>::infinity();
-          for (int64_t j = 0; j < n; ++j) {
-            if (window && pos - kpos[j] >= c.sliding_window) {
-              scores[j] = -std::numeric_limits<float>::infinity();
-              continue;
+          ScoreRows(qh, kd + g * stride, n, d, scale, scores.data());
+          if (window) {
+            for (int64_t j = 0; j < n; ++j) {
+              if (pos - kpos[j] >= c.sliding_window) scores[j] = -std::numeric_limits<float>::infinity();
             }
-            scores[j] = Dot(qh, kd + g * stride + j * d, d) * scale;
-            mx = std::max(mx, scores[j]);
           }
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < n; ++j) mx = std::max(mx, scores[j]);
           float den = 0;
           for (int64_t j = 0; j < n; ++j) den += (scores[j] = std::exp(scores[j] - mx));
-          float* out = attn.data() + hh * d;
-          std::fill(out, out + d, 0.0f);
-          for (int64_t j = 0; j < n; ++j) {
-            const float p = scores[j] / den;
-            if (p == 0.0f) continue;
-            const float* vj = vd + g * stride + j * d;
-            for (int64_t i = 0; i < d; ++i) out[i] += p * vj[i];
-          }
+          const float inv_den = 1.0f / den;
+          for (int64_t j = 0; j < n; ++j) scores[j] *= inv_den;
+          WeightedSumRows(scores.data(), vd + g * stride, n, d, attn.data() + hh * d);
         }
       });
       MatVec(w.wo.data_ptr<float>(), attn.data(), w.bo.defined() ? w.bo.data_ptr<float>() : nullptr, D, H * d,
