@@ -1,1 +1,776 @@
-// (being written)
+#include "compression/policy.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "compression/config.h"
+#include "compression/report.h"
+#include "compression/selection.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/rope.h"
+#include "model/kv_cache.h"
+#include "tests/compression/fake_decoder.h"
+#include "tests/testing/status_matchers.h"
+
+namespace echokv::compression {
+namespace {
+
+using ::absl::StatusCode;
+using ::echokv::compression::testing::FakeDecoder;
+using ::echokv::testing::IsOk;
+using ::echokv::testing::StatusIs;
+
+constexpr int kHeads = 4;   // H
+constexpr int kGroups = 2;  // G (r = 2 query heads per group)
+constexpr int kDim = 8;     // d
+constexpr int kVocab = 16;  // V
+
+// ---- helpers ----------------------------------------------------------------
+
+std::vector<int64_t> Iota(int64_t begin, int64_t end) {
+  std::vector<int64_t> v;
+  for (int64_t i = begin; i < end; ++i) v.push_back(i);
+  return v;
+}
+
+std::vector<int64_t> Concat(std::vector<int64_t> a, const std::vector<int64_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<int64_t> Row(const at::Tensor& t, int64_t g) {
+  at::Tensor r = t.select(0, g).to(at::kLong).contiguous();
+  return std::vector<int64_t>(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + r.numel());
+}
+
+bool Contains(const std::vector<int64_t>& v, int64_t x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+// scale * e_i as a [d] vector.
+at::Tensor Unit(int i, float scale) {
+  at::Tensor v = at::zeros({kDim});
+  v[i] = scale;
+  return v;
+}
+
+// [H, n, d] (n > 0) or [H, d] (n == 0) queries: heads of group 0 along e_a, group 1 along e_b.
+at::Tensor GroupQueries(int a, int b, float scale, int64_t n) {
+  at::Tensor q = at::zeros({kHeads, kDim});
+  for (int h = 0; h < kHeads; ++h) q[h] = Unit(h / (kHeads / kGroups) == 0 ? a : b, scale);
+  if (n == 0) return q;
+  return q.unsqueeze(1).expand({kHeads, n, kDim}).contiguous();
+}
+
+// A context holding keys[l] ([G, L, d]) at positions 0..L-1, next position L.
+model::KvCache MakeContext(const std::vector<at::Tensor>& keys) {
+  const int64_t n = keys[0].size(1);
+  model::KvCache c(static_cast<int>(keys.size()), kGroups, kDim, at::TensorOptions().dtype(at::kFloat));
+  const std::vector<int64_t> pos = Iota(0, n);
+  for (size_t l = 0; l < keys.size(); ++l) {
+    EXPECT_THAT(c.Append(static_cast<int>(l), keys[l], keys[l] * 0.5 + 1.0, pos), IsOk());
+  }
+  c.set_next_position(n);
+  return c;
+}
+
+// Everything a Compress call needs except the decoder.
+struct Inputs {
+  model::KvCache context;
+  std::vector<at::Tensor> last_queries;    // per layer [H, N, d]
+  std::vector<int64_t> positions;          // N
+  std::vector<at::Tensor> anchors;         // per layer [H, d]
+  at::Tensor logits = at::zeros({kVocab});
+  at::Tensor inv_freq = kernels::RopeInvFreq(kDim, 10000.0);
+
+  CompressionInput Make(LookaheadDecoder* decoder) const {
+    CompressionInput in;
+    in.context = &context;
+    in.last_queries = last_queries;
+    in.last_query_positions = positions;
+    in.anchor_queries = anchors;
+    in.last_logits = logits;
+    in.rope_inv_freq = inv_freq;
+    in.decoder = decoder;
+    return in;
+  }
+};
+
+// Random keys, every context query (so every policy has what it needs), random anchors.
+Inputs RandomInputs(int layers, int64_t n, uint64_t seed) {
+  at::manual_seed(seed);
+  Inputs in;
+  std::vector<at::Tensor> keys;
+  for (int l = 0; l < layers; ++l) {
+    keys.push_back(at::randn({kGroups, n, kDim}));
+    in.last_queries.push_back(at::randn({kHeads, n, kDim}));
+    in.anchors.push_back(at::randn({kHeads, kDim}));
+  }
+  in.context = MakeContext(keys);
+  in.positions = Iota(0, n);
+  in.logits = at::randn({kVocab});
+  return in;
+}
+
+std::unique_ptr<FakeDecoder> RandomDecoder(int layers) {
+  auto dec = std::make_unique<FakeDecoder>(layers, kHeads, kGroups, kDim, kVocab);
+  dec->queries = [](int step, int layer) {
+    return at::sin(at::arange(kHeads * kDim).reshape({kHeads, kDim}).to(at::kFloat) *
+                   (0.37f * static_cast<float>(step + 1) + static_cast<float>(layer))) * 3.0f;
+  };
+  return dec;
+}
+
+// |I| per layer, unique, ascending, within range.
+void ExpectValidSelection(const CompressionResult& r, const model::KvCache& ctx,
+                          const std::vector<int64_t>& expected_sizes) {
+  ASSERT_EQ(static_cast<int>(r.indices.size()), ctx.num_layers());
+  for (int l = 0; l < ctx.num_layers(); ++l) {
+    SCOPED_TRACE("layer " + std::to_string(l));
+    const at::Tensor& idx = r.indices[l];
+    EXPECT_EQ(idx.scalar_type(), at::kLong);
+    EXPECT_TRUE(idx.device().is_cpu());
+    ASSERT_EQ(idx.dim(), 2);
+    ASSERT_EQ(idx.size(0), kGroups);
+    EXPECT_EQ(idx.size(1), expected_sizes[l]);
+    EXPECT_EQ(r.report.retained_per_layer[l], idx.size(1));
+    for (int64_t g = 0; g < kGroups; ++g) {
+      std::vector<int64_t> row = Row(idx, g);
+      for (size_t i = 0; i < row.size(); ++i) {
+        EXPECT_GE(row[i], 0);
+        EXPECT_LT(row[i], ctx.size(l));
+        if (i > 0) {
+          EXPECT_LT(row[i - 1], row[i]) << "not strictly ascending in group " << g;
+        }
+      }
+    }
+  }
+}
+
+std::vector<std::string> PhaseNames(const CompressionReport& r) {
+  std::vector<std::string> names;
+  for (const PhaseTime& p : r.phases) names.push_back(p.phase);
+  return names;
+}
+
+// Expected entries per layer: min(B, n) (PyramidKV: its per-layer budgets; Full: n).
+std::vector<int64_t> ExpectedSizes(const CompressionConfig& cfg, const model::KvCache& ctx) {
+  std::vector<int64_t> out;
+  int64_t max_n = 0;
+  for (int l = 0; l < ctx.num_layers(); ++l) max_n = std::max(max_n, ctx.size(l));
+  std::vector<int64_t> pyramid =
+      internal::PyramidKvBudgets(cfg.budget, cfg.snapkv_window, ctx.num_layers());
+  for (int l = 0; l < ctx.num_layers(); ++l) {
+    const int64_t n = ctx.size(l);
+    if (cfg.policy == PolicyKind::kFull || max_n <= cfg.budget) {
+      out.push_back(n);
+    } else if (cfg.policy == PolicyKind::kPyramidKv) {
+      out.push_back(std::min(pyramid[l], n));
+    } else {
+      out.push_back(std::min<int64_t>(cfg.budget, n));
+    }
+  }
+  return out;
+}
+
+// ---- invariants (ALGORITHM.md §3) ---------------------------------------------
+
+TEST(Invariants, EveryPolicyKeepsMinBLUniqueAscendingInRange) {
+  const Inputs in = RandomInputs(/*layers=*/3, /*n=*/64, /*seed=*/1);
+  for (PolicyKind kind : AllPolicies()) {
+    for (int budget : {1, 5, 16, 33, 63}) {
+      for (int workspace : {0, 40}) {  // 0 = default (echokv 1024 >= L, laq = B)
+        SCOPED_TRACE(std::string(PolicyName(kind)) + " B=" + std::to_string(budget) +
+                     " B1=" + std::to_string(workspace));
+        CompressionConfig cfg;
+        cfg.policy = kind;
+        cfg.budget = budget;
+        cfg.lookahead = 4;
+        cfg.snapkv_window = 8;
+        if (workspace >= budget) cfg.workspace = workspace;
+        auto dec = RandomDecoder(3);
+        ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(dec.get())));
+        ExpectValidSelection(r, in.context, ExpectedSizes(cfg, in.context));
+        EXPECT_EQ(r.report.context_tokens, 64);
+        EXPECT_TRUE(r.report.evicted || kind == PolicyKind::kFull);
+        const bool lookahead = kind == PolicyKind::kLaq || kind == PolicyKind::kEchoKv;
+        EXPECT_EQ(static_cast<int>(dec->calls.size()), lookahead ? 4 : 0);
+        EXPECT_EQ(r.report.forward_passes, lookahead ? 4 : 0);
+        EXPECT_EQ(static_cast<int>(r.report.lookahead_tokens.size()), lookahead ? 4 : 0);
+      }
+    }
+  }
+}
+
+TEST(Invariants, EchoKvRunsExactlyTStepsAndThreeScoringPasses) {
+  const Inputs in = RandomInputs(2, 80, 2);
+  for (int t : {2, 4, 8, 16}) {
+    for (bool repair : {true, false}) {
+      SCOPED_TRACE("T=" + std::to_string(t) + " repair=" + std::to_string(repair));
+      CompressionConfig cfg;
+      cfg.budget = 16;
+      cfg.workspace = 32;
+      cfg.lookahead = t;
+      cfg.repair = repair;
+      auto dec = RandomDecoder(2);
+      ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(dec.get())));
+      EXPECT_EQ(static_cast<int>(dec->calls.size()), t);
+      EXPECT_EQ(r.report.forward_passes, t);
+      EXPECT_EQ(r.report.scoring_passes, repair ? 3 : 2);
+      // The steps run at the true positions L, L+1, ..., L+T-1.
+      for (int k = 0; k < t; ++k) EXPECT_EQ(dec->calls[k].position, 80 + k);
+      if (repair) {
+        EXPECT_THAT(PhaseNames(r.report),
+                    ::testing::ElementsAre("bootstrap", "round1", "repair", "round2", "final"));
+      } else {
+        EXPECT_THAT(PhaseNames(r.report),
+                    ::testing::ElementsAre("bootstrap", "round1", "round2", "final"));
+      }
+      EXPECT_GE(r.report.overlap_w1_w2, 0.0);
+      EXPECT_LE(r.report.overlap_w1_w2, 1.0);
+      if (!repair) {
+        EXPECT_DOUBLE_EQ(r.report.overlap_w1_w2, 1.0);
+      }
+      EXPECT_GE(r.report.overlap_w2_final, 0.0);
+      EXPECT_GE(r.report.overlap_w1_final, 0.0);
+    }
+  }
+}
+
+TEST(Invariants, LaqRunsExactlyTStepsPlusItsScoring) {
+  const Inputs in = RandomInputs(2, 80, 3);
+  CompressionConfig cfg;
+  cfg.policy = PolicyKind::kLaq;
+  cfg.budget = 20;
+  cfg.lookahead = 8;
+  cfg.snapkv_window = 8;
+  auto dec = RandomDecoder(2);
+  ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(dec.get())));
+  EXPECT_EQ(dec->calls.size(), 8u);
+  EXPECT_EQ(r.report.forward_passes, 8);
+  EXPECT_EQ(r.report.scoring_passes, 2);  // SnapKV workspace + final
+  EXPECT_EQ(r.report.config.workspace.value_or(-1), 20);  // resolved: LAQ's B1 = B
+  EXPECT_THAT(PhaseNames(r.report), ::testing::ElementsAre("bootstrap", "round1", "final"));
+  EXPECT_GE(r.report.overlap_w1_final, 0.0);
+  EXPECT_DOUBLE_EQ(r.report.overlap_w1_w2, -1.0);
+}
+
+TEST(Invariants, ContextWithinBudgetKeepsEverythingAndRunsNoLookahead) {
+  const Inputs in = RandomInputs(3, 20, 4);
+  for (PolicyKind kind : AllPolicies()) {
+    for (int budget : {20, 64}) {
+      SCOPED_TRACE(std::string(PolicyName(kind)) + " B=" + std::to_string(budget));
+      CompressionConfig cfg;
+      cfg.policy = kind;
+      cfg.budget = budget;
+      auto dec = RandomDecoder(3);
+      ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(dec.get())));
+      ExpectValidSelection(r, in.context, {20, 20, 20});
+      for (int l = 0; l < 3; ++l) {
+        for (int g = 0; g < kGroups; ++g) EXPECT_EQ(Row(r.indices[l], g), Iota(0, 20));
+      }
+      EXPECT_TRUE(dec->calls.empty());
+      EXPECT_EQ(r.report.forward_passes, 0);
+      EXPECT_FALSE(r.report.evicted);
+      EXPECT_EQ(r.report.retained_entries, r.report.total_entries);
+      EXPECT_EQ(r.report.retained_kv_bytes, r.report.full_kv_bytes);
+    }
+  }
+}
+
+TEST(Invariants, DeterministicAcrossRuns) {
+  const Inputs in = RandomInputs(2, 96, 5);
+  for (PolicyKind kind : AllPolicies()) {
+    SCOPED_TRACE(PolicyName(kind));
+    CompressionConfig cfg;
+    cfg.policy = kind;
+    cfg.budget = 24;
+    cfg.workspace = 48;
+    cfg.lookahead = 6;
+    cfg.snapkv_window = 8;
+    auto dec1 = RandomDecoder(2);
+    auto dec2 = RandomDecoder(2);
+    ASSERT_OK_AND_ASSIGN(CompressionResult a, Compress(cfg, in.Make(dec1.get())));
+    ASSERT_OK_AND_ASSIGN(CompressionResult b, Compress(cfg, in.Make(dec2.get())));
+    for (int l = 0; l < 2; ++l) EXPECT_TRUE(at::equal(a.indices[l], b.indices[l]));
+    EXPECT_EQ(a.report.lookahead_tokens, b.report.lookahead_tokens);
+    EXPECT_EQ(a.report.overlap_w1_w2, b.report.overlap_w1_w2);
+  }
+}
+
+TEST(Invariants, ReportBytesFollowSection7) {
+  const Inputs in = RandomInputs(3, 70, 6);
+  for (PolicyKind kind : AllPolicies()) {
+    SCOPED_TRACE(PolicyName(kind));
+    CompressionConfig cfg;
+    cfg.policy = kind;
+    cfg.budget = 40;
+    cfg.lookahead = 2;
+    auto dec = RandomDecoder(3);
+    ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(dec.get())));
+    int64_t kept = 0;
+    for (const at::Tensor& idx : r.indices) kept += idx.size(1);
+    const int64_t per_entry = 2 * kDim * 4;  // K and V, float32
+    EXPECT_EQ(r.report.retained_entries, kGroups * kept);
+    EXPECT_EQ(r.report.total_entries, kGroups * 3 * 70);
+    EXPECT_EQ(r.report.retained_kv_bytes, kGroups * kept * per_entry);
+    EXPECT_EQ(r.report.full_kv_bytes, kGroups * 3 * 70 * per_entry);
+    EXPECT_EQ(r.report.num_layers, 3);
+    EXPECT_EQ(r.report.num_kv_heads, kGroups);
+    // The bytes ratio is the entries ratio exactly.
+    EXPECT_EQ(static_cast<double>(r.report.retained_kv_bytes) / r.report.full_kv_bytes,
+              static_cast<double>(r.report.retained_entries) / r.report.total_entries);
+    // The compact cache built from the indices holds exactly the reported bytes.
+    ASSERT_OK_AND_ASSIGN(model::KvCache compact, model::KvCache::Gather(in.context, r.indices));
+    EXPECT_EQ(compact.KvBytes(), r.report.retained_kv_bytes);
+    EXPECT_EQ(in.context.KvBytes(), r.report.full_kv_bytes);
+    const std::string json = ReportToJson(r.report);
+    EXPECT_THAT(json, ::testing::HasSubstr("\"policy\":\"" + std::string(PolicyName(kind)) + "\""));
+    EXPECT_THAT(json, ::testing::HasSubstr("\"retained_kv_bytes\":" +
+                                           std::to_string(r.report.retained_kv_bytes)));
+  }
+}
+
+// ---- crafted baselines ----------------------------------------------------------
+
+TEST(StreamingLlm, KeepsSinksAndRecent) {
+  Inputs in = RandomInputs(1, 30, 7);
+  CompressionConfig cfg;
+  cfg.policy = PolicyKind::kStreamingLlm;
+  cfg.budget = 10;
+  ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(nullptr)));
+  for (int g = 0; g < kGroups; ++g) {
+    EXPECT_EQ(Row(r.indices[0], g), Concat(Iota(0, 4), Iota(24, 30)));
+  }
+  cfg.budget = 3;  // fewer than 4 sinks fit
+  ASSERT_OK_AND_ASSIGN(r, Compress(cfg, in.Make(nullptr)));
+  EXPECT_EQ(Row(r.indices[0], 0), Iota(0, 3));
+  EXPECT_THAT(PhaseNames(r.report), ::testing::ElementsAre("select"));
+}
+
+// Keys zero except a planted key per group; queries of group 0 point at e_0, group 1 at e_1.
+Inputs PlantedInputs(int64_t n, int64_t planted0, int64_t planted1, int64_t num_queries) {
+  Inputs in;
+  at::Tensor keys = at::zeros({kGroups, n, kDim});
+  keys[0][planted0] = Unit(0, 4.0f);
+  keys[1][planted1] = Unit(1, 4.0f);
+  in.context = MakeContext({keys});
+  if (num_queries > 0) {
+    in.last_queries = {GroupQueries(0, 1, 4.0f, num_queries)};
+    in.positions = Iota(n - num_queries, n);
+  }
+  in.anchors = {at::zeros({kHeads, kDim})};  // proposals score every key equally
+  return in;
+}
+
+TEST(SnapKv, KeepsPlantedKeyAndItsPooledNeighboursPlusWindow) {
+  const Inputs in = PlantedInputs(64, 40, 45, 8);
+  CompressionConfig cfg;
+  cfg.policy = PolicyKind::kSnapKv;
+  cfg.budget = 16;
+  cfg.snapkv_window = 8;
+  ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(nullptr)));
+  // Prefix 0..55, TopK_8 of the pooled scores: the 7 pooled neighbours of the planted
+  // key tie at its score and come before every other key; the 8th is the lowest index.
+  EXPECT_EQ(Row(r.indices[0], 0), Concat(Concat({0}, Iota(37, 44)), Iota(56, 64)));
+  EXPECT_EQ(Row(r.indices[0], 1), Concat(Concat({0}, Iota(42, 49)), Iota(56, 64)));
+  EXPECT_EQ(r.report.scoring_passes, 1);
+
+  // Without pooling only the planted key itself stands out.
+  cfg.snapkv_kernel = 1;
+  ASSERT_OK_AND_ASSIGN(r, Compress(cfg, in.Make(nullptr)));
+  EXPECT_EQ(Row(r.indices[0], 0), Concat(Concat(Iota(0, 7), {40}), Iota(56, 64)));
+
+  // B == window keeps only the window.
+  cfg.budget = 8;
+  ASSERT_OK_AND_ASSIGN(r, Compress(cfg, in.Make(nullptr)));
+  EXPECT_EQ(Row(r.indices[0], 0), Iota(56, 64));
+}
+
+TEST(SnapKv, MissingWindowQueriesIsAnError) {
+  Inputs in = PlantedInputs(64, 40, 45, 0);
+  CompressionConfig cfg;
+  cfg.policy = PolicyKind::kSnapKv;
+  cfg.budget = 16;
+  EXPECT_THAT(Compress(cfg, in.Make(nullptr)),
+              StatusIs(StatusCode::kInvalidArgument, "last_queries"));
+}
+
+TEST(H2o, KeepsHeavyHitterAndRecent) {
+  Inputs in;
+  at::Tensor keys = at::zeros({kGroups, 32, kDim});
+  keys[0][10] = Unit(0, 4.0f);
+  keys[1][12] = Unit(1, 4.0f);
+  in.context = MakeContext({keys});
+  in.last_queries = {GroupQueries(0, 1, 4.0f, 32)};
+  in.positions = Iota(0, 32);
+  CompressionConfig cfg;
+  cfg.policy = PolicyKind::kH2o;
+  cfg.budget = 8;
+  ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(nullptr)));
+  // recent = 4 (28..31); heavy = 4 from 0..27: the planted key (attended by every later
+  // query) and then the oldest keys (the longest harmonic tails of uniform attention).
+  EXPECT_EQ(Row(r.indices[0], 0), std::vector<int64_t>({0, 1, 2, 10, 28, 29, 30, 31}));
+  EXPECT_EQ(Row(r.indices[0], 1), std::vector<int64_t>({0, 1, 2, 12, 28, 29, 30, 31}));
+  EXPECT_EQ(r.report.scoring_passes, 1);
+}
+
+TEST(PyramidKv, BudgetsFollowTheFormula) {
+  EXPECT_EQ(internal::PyramidKvBudgets(64, 32, 5), std::vector<int64_t>({95, 80, 64, 48, 33}));
+  // B=128: C=96, B_min=4, B_max=188 -> 188, 142, 96, 50, 4 (+32).
+  EXPECT_EQ(internal::PyramidKvBudgets(128, 32, 5),
+            std::vector<int64_t>({220, 174, 128, 82, 36}));
+  // Against the formula evaluated in double with round-half-to-even (nearbyint).
+  for (int budget : {33, 64, 100, 128, 512, 1000}) {
+    for (int layers : {2, 3, 5, 8, 22, 32}) {
+      SCOPED_TRACE("B=" + std::to_string(budget) + " layers=" + std::to_string(layers));
+      const std::vector<int64_t> b = internal::PyramidKvBudgets(budget, 32, layers);
+      ASSERT_EQ(static_cast<int>(b.size()), layers);
+      const int64_t c = budget - 32;
+      const int64_t bmin = c / 20;
+      const int64_t bmax = 2 * c - bmin;
+      int64_t sum = 0;
+      for (int l = 0; l < layers; ++l) {
+        const double x = bmax - static_cast<double>(bmax - bmin) * l / (layers - 1);
+        EXPECT_EQ(b[l], static_cast<int64_t>(std::nearbyint(x)) + 32) << "layer " << l;
+        sum += b[l];
+      }
+      EXPECT_EQ(sum, static_cast<int64_t>(budget) * layers);  // mean = B
+    }
+  }
+}
+
+TEST(PyramidKv, PerLayerRetentionAndWindow) {
+  const Inputs in = RandomInputs(5, 200, 8);
+  CompressionConfig cfg;
+  cfg.policy = PolicyKind::kPyramidKv;
+  cfg.budget = 64;
+  ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(nullptr)));
+  EXPECT_EQ(r.report.retained_per_layer, std::vector<int64_t>({95, 80, 64, 48, 33}));
+  ExpectValidSelection(r, in.context, {95, 80, 64, 48, 33});
+  EXPECT_EQ(r.report.retained_entries, kGroups * 64 * 5);  // averages to B
+  for (int l = 0; l < 5; ++l) {
+    for (int g = 0; g < kGroups; ++g) {
+      std::vector<int64_t> row = Row(r.indices[l], g);
+      std::vector<int64_t> tail(row.end() - 32, row.end());
+      EXPECT_EQ(tail, Iota(168, 200));  // the observation window is always kept
+    }
+  }
+  // A short context: layers whose budget exceeds L keep everything.
+  const Inputs small = RandomInputs(5, 90, 9);
+  ASSERT_OK_AND_ASSIGN(r, Compress(cfg, small.Make(nullptr)));
+  EXPECT_EQ(r.report.retained_per_layer, std::vector<int64_t>({90, 80, 64, 48, 33}));
+}
+
+// ---- lookahead policies with planted keys ----------------------------------------
+
+// Lookahead queries: group 0's heads point at e_0 (planted key 40), group 1's at e_1 (45).
+std::unique_ptr<FakeDecoder> PlantedDecoder() {
+  auto dec = std::make_unique<FakeDecoder>(1, kHeads, kGroups, kDim, kVocab);
+  dec->queries = [](int, int) { return GroupQueries(0, 1, 4.0f, 0); };
+  dec->next_token = [](int step) { return (5 * step + 1) % kVocab; };
+  return dec;
+}
+
+TEST(Laq, FinalSetContainsKeysTheLookaheadQueriesPointAt) {
+  // Window queries are zero: the SnapKV workspace is blind to the planted keys.
+  Inputs in = PlantedInputs(64, 40, 45, 0);
+  in.last_queries = {at::zeros({kHeads, 8, kDim})};
+  in.positions = Iota(56, 64);
+  CompressionConfig cfg;
+  cfg.policy = PolicyKind::kLaq;
+  cfg.budget = 12;
+  cfg.lookahead = 4;
+  cfg.snapkv_window = 4;
+  auto dec = PlantedDecoder();
+  ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(dec.get())));
+  ASSERT_EQ(dec->calls.size(), 4u);
+  // Frozen workspace: TopK_8 of a uniform pooled prefix (lowest indices) + window 60..63.
+  for (const FakeDecoder::Call& c : dec->calls) {
+    for (int g = 0; g < kGroups; ++g) {
+      std::vector<int64_t> view = Row(c.view_positions[0], g);
+      std::vector<int64_t> ctx_part(view.begin(), view.begin() + 12);
+      EXPECT_EQ(ctx_part, Concat(Iota(0, 8), Iota(60, 64)));
+      EXPECT_EQ(view.back(), c.position);
+    }
+  }
+  // Final: TopK_4 of the pooled prefix 0..55 -> the planted key's pooled neighbourhood,
+  // lowest first (37..40 / 42..45), plus the last 8 entries.
+  EXPECT_EQ(Row(r.indices[0], 0), Concat(Iota(37, 41), Iota(56, 64)));
+  EXPECT_EQ(Row(r.indices[0], 1), Concat(Iota(42, 46), Iota(56, 64)));
+  EXPECT_DOUBLE_EQ(r.report.overlap_w1_final, 4.0 / 12.0);
+  EXPECT_EQ(r.report.lookahead_tokens, std::vector<int>({1, 6, 11, 0}));
+}
+
+TEST(EchoKv, FinalSetContainsPlantedKeysPerGroupIndependently) {
+  Inputs in = PlantedInputs(64, 40, 45, 0);
+  in.logits = at::zeros({kVocab});
+  in.logits[3] = 2.0f;  // a tie: x_0 is the lowest id
+  in.logits[9] = 2.0f;
+  CompressionConfig cfg;
+  cfg.budget = 8;
+  cfg.workspace = 16;
+  cfg.lookahead = 4;
+  auto dec = PlantedDecoder();
+  ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(dec.get())));
+  // Zero anchor: W1 = the 16 lowest indices (ties -> lower index) in both groups.
+  EXPECT_EQ(Row(dec->calls[0].view_positions[0], 0), Concat(Iota(0, 16), {64}));
+  // Final: TopK_8 of [Q1;Q2] with no pooling: the planted key + the lowest indices.
+  EXPECT_EQ(Row(r.indices[0], 0), Concat(Iota(0, 7), {40}));
+  EXPECT_EQ(Row(r.indices[0], 1), Concat(Iota(0, 7), {45}));
+  // Greedy lookahead: x_0 from the prefill logits (tie -> 3), then the scripted argmaxes.
+  ASSERT_EQ(dec->calls.size(), 4u);
+  EXPECT_EQ(dec->calls[0].token, 3);
+  EXPECT_EQ(dec->calls[1].token, 1);
+  EXPECT_EQ(dec->calls[2].token, 6);
+  EXPECT_EQ(dec->calls[3].token, 11);
+  EXPECT_EQ(r.report.lookahead_tokens, std::vector<int>({1, 6, 11, 0}));
+  EXPECT_DOUBLE_EQ(r.report.overlap_w1_w2, 15.0 / 16.0);
+  EXPECT_DOUBLE_EQ(r.report.overlap_w1_final, 7.0 / 8.0);
+  EXPECT_DOUBLE_EQ(r.report.overlap_w2_final, 1.0);
+}
+
+TEST(EchoKv, RepairAddsKeysW1MissedAndRoundTwoKeepsRoundOneKv) {
+  const Inputs in = PlantedInputs(64, 40, 45, 0);
+  for (bool repair : {true, false}) {
+    SCOPED_TRACE(repair ? "repair=on" : "repair=off");
+    CompressionConfig cfg;
+    cfg.budget = 8;
+    cfg.workspace = 16;
+    cfg.lookahead = 4;
+    cfg.repair = repair;
+    auto dec = PlantedDecoder();
+    ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(dec.get())));
+    ASSERT_EQ(dec->calls.size(), 4u);
+    // Round 2's first step (call 2): W2 + round 1's two lookahead entries + its own.
+    const FakeDecoder::Call& c = dec->calls[2];
+    std::vector<int64_t> w2_group0 = repair ? Concat(Iota(0, 15), {40}) : Iota(0, 16);
+    std::vector<int64_t> w2_group1 = repair ? Concat(Iota(0, 15), {45}) : Iota(0, 16);
+    EXPECT_EQ(Row(c.view_positions[0], 0), Concat(w2_group0, {64, 65, 66}));
+    EXPECT_EQ(Row(c.view_positions[0], 1), Concat(w2_group1, {64, 65, 66}));
+    EXPECT_EQ(Contains(Row(c.view_positions[0], 0), 40), repair);
+    // Round 1's lookahead KV exactly as round 1 computed it.
+    const at::Tensor k = c.view_keys[0];  // [G, 19, d]
+    ASSERT_EQ(k.size(1), 19);
+    EXPECT_TRUE(at::equal(k.narrow(1, 16, 1), at::full({kGroups, 1, kDim}, FakeDecoder::AppendedKey(0))));
+    EXPECT_TRUE(at::equal(k.narrow(1, 17, 1), at::full({kGroups, 1, kDim}, FakeDecoder::AppendedKey(1))));
+    EXPECT_TRUE(at::equal(k.narrow(1, 18, 1), at::full({kGroups, 1, kDim}, FakeDecoder::AppendedKey(2))));
+    // The context part of the round-2 view holds the context's own keys.
+    EXPECT_TRUE(at::equal(k.select(0, 0).select(0, repair ? 15 : 0),
+                          repair ? Unit(0, 4.0f) : at::zeros({kDim})));
+    // Last step sees all 4 lookahead entries.
+    EXPECT_EQ(Row(dec->calls[3].view_positions[0], 0).back(), 67);
+    EXPECT_EQ(dec->calls[3].view_positions[0].size(1), 20);
+    EXPECT_EQ(r.report.scoring_passes, repair ? 3 : 2);
+    // The final selection is the same either way (§8.8): it scores the full context.
+    EXPECT_EQ(Row(r.indices[0], 0), Concat(Iota(0, 7), {40}));
+  }
+}
+
+TEST(EchoKv, StageTwoWindowKeepsTheLastW) {
+  const Inputs in = PlantedInputs(64, 40, 45, 0);
+  CompressionConfig cfg;
+  cfg.budget = 8;
+  cfg.workspace = 16;
+  cfg.lookahead = 4;
+  cfg.stage2_window = 3;
+  auto dec = PlantedDecoder();
+  ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(dec.get())));
+  EXPECT_EQ(Row(r.indices[0], 0), Concat(Concat(Iota(0, 4), {40}), Iota(61, 64)));
+  EXPECT_EQ(Row(r.indices[0], 1), Concat(Concat(Iota(0, 4), {45}), Iota(61, 64)));
+}
+
+TEST(EchoKv, SnapKvBootstrapUsesTheSnapKvSelectionAsW1) {
+  // Window queries point at the planted keys, so SnapKV's W1 (capacity 16, window 8)
+  // is {0, pooled neighbourhood, window} per group.
+  const Inputs in = PlantedInputs(64, 40, 45, 8);
+  CompressionConfig cfg;
+  cfg.budget = 8;
+  cfg.workspace = 16;
+  cfg.lookahead = 4;
+  cfg.snapkv_window = 8;
+  cfg.bootstrap = Bootstrap::kSnapKv;
+  auto dec = PlantedDecoder();
+  ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(dec.get())));
+  EXPECT_EQ(Row(dec->calls[0].view_positions[0], 0),
+            Concat(Concat(Concat({0}, Iota(37, 44)), Iota(56, 64)), {64}));
+  EXPECT_EQ(Row(dec->calls[0].view_positions[0], 1),
+            Concat(Concat(Concat({0}, Iota(42, 49)), Iota(56, 64)), {64}));
+  EXPECT_EQ(r.report.scoring_passes, 3);
+  EXPECT_EQ(Row(r.indices[0], 0), Concat(Iota(0, 7), {40}));
+}
+
+TEST(EchoKv, WorkspaceCoveringTheContextStillRunsTheSteps) {
+  const Inputs in = PlantedInputs(64, 40, 45, 0);
+  CompressionConfig cfg;  // B1 = 1024 >= L > B (§8.10)
+  cfg.budget = 8;
+  cfg.lookahead = 4;
+  auto dec = PlantedDecoder();
+  ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(dec.get())));
+  EXPECT_EQ(dec->calls.size(), 4u);
+  EXPECT_EQ(Row(dec->calls[0].view_positions[0], 0), Concat(Iota(0, 64), {64}));
+  EXPECT_EQ(r.report.config.workspace.value_or(-1), 1024);
+  EXPECT_EQ(Row(r.indices[0], 1), Concat(Iota(0, 7), {45}));
+}
+
+TEST(EchoKv, ProposalsAreTheAnchorRotatedToFuturePositions) {
+  // One key equals the anchor rotated to position L (the first proposal): it must be
+  // in W1 even though the anchor itself (unrotated) points elsewhere.
+  Inputs in = PlantedInputs(64, 40, 45, 0);
+  at::Tensor anchor = at::zeros({kHeads, kDim});
+  for (int h = 0; h < kHeads; ++h) anchor[h] = Unit(2, 4.0f);
+  in.anchors = {anchor};
+  std::vector<int64_t> future = {64};
+  at::Tensor rotated = kernels::RotateToPositions(anchor, future, in.inv_freq);  // [H, 1, d]
+  at::Tensor keys = in.context.keys(0).clone();
+  keys[0][50] = rotated[0][0];
+  keys[1][20] = rotated[2][0];
+  model::KvCache ctx = MakeContext({keys});
+  in.context = std::move(ctx);
+  CompressionConfig cfg;
+  cfg.budget = 4;
+  cfg.workspace = 4;
+  cfg.lookahead = 2;
+  auto dec = std::make_unique<FakeDecoder>(1, kHeads, kGroups, kDim, kVocab);
+  ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(dec.get())));
+  EXPECT_TRUE(Contains(Row(dec->calls[0].view_positions[0], 0), 50));
+  EXPECT_TRUE(Contains(Row(dec->calls[0].view_positions[0], 1), 20));
+  EXPECT_FALSE(Contains(Row(dec->calls[0].view_positions[0], 0), 20));
+}
+
+// ---- grown sessions (ALGORITHM.md §6) ------------------------------------------------
+
+TEST(GrownSession, PerGroupPositionsAndPerLayerSizes) {
+  // Layer 0 keeps 50 entries per group, layer 1 keeps 40, groups keep different ones;
+  // then 10 new tokens (positions 80..89) are appended to every group.
+  const Inputs base = RandomInputs(2, 80, 10);
+  std::vector<at::Tensor> keep;
+  {
+    std::vector<int64_t> g0 = Iota(0, 50), g1 = Iota(30, 80);
+    keep.push_back(at::stack({at::tensor(g0, at::kLong), at::tensor(g1, at::kLong)}));
+    std::vector<int64_t> h0, h1;
+    for (int64_t i = 0; i < 80; i += 2) h0.push_back(i);
+    for (int64_t i = 1; i < 80; i += 2) h1.push_back(i);
+    keep.push_back(at::stack({at::tensor(h0, at::kLong), at::tensor(h1, at::kLong)}));
+  }
+  Inputs in;
+  ASSERT_OK_AND_ASSIGN(in.context, model::KvCache::Gather(base.context, keep));
+  at::manual_seed(11);
+  const std::vector<int64_t> fresh = Iota(80, 90);
+  for (int l = 0; l < 2; ++l) {
+    at::Tensor k = at::randn({kGroups, 10, kDim});
+    ASSERT_THAT(in.context.Append(l, k, k, fresh), IsOk());
+    in.last_queries.push_back(at::randn({kHeads, 10, kDim}));  // fewer than the window
+    in.anchors.push_back(at::randn({kHeads, kDim}));
+  }
+  in.context.set_next_position(90);
+  in.positions = fresh;
+  in.logits = at::randn({kVocab});
+  for (PolicyKind kind : AllPolicies()) {
+    SCOPED_TRACE(PolicyName(kind));
+    CompressionConfig cfg;
+    cfg.policy = kind;
+    cfg.budget = 24;
+    cfg.workspace = 36;
+    cfg.lookahead = 4;
+    auto dec = RandomDecoder(2);
+    ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(dec.get())));
+    ExpectValidSelection(r, in.context, ExpectedSizes(cfg, in.context));
+    EXPECT_EQ(r.report.context_tokens, 60);
+    EXPECT_EQ(r.report.total_entries, kGroups * (60 + 50));
+    // The compact cache keeps original positions, continuing at 90.
+    ASSERT_OK_AND_ASSIGN(model::KvCache compact, model::KvCache::Gather(in.context, r.indices));
+    EXPECT_EQ(compact.next_position(), 90);
+    if (kind == PolicyKind::kLaq || kind == PolicyKind::kEchoKv) {
+      ASSERT_EQ(dec->calls.size(), 4u);
+      EXPECT_EQ(dec->calls[0].position, 90);
+      // Each group's view holds only that group's own context positions.
+      for (int l = 0; l < 2; ++l) {
+        for (int g = 0; g < kGroups; ++g) {
+          std::vector<int64_t> held = Row(in.context.positions(l), g);
+          std::vector<int64_t> view = Row(dec->calls[0].view_positions[l], g);
+          for (size_t i = 0; i + 1 < view.size(); ++i) EXPECT_TRUE(Contains(held, view[i]));
+          EXPECT_EQ(view.back(), 90);
+        }
+      }
+    }
+  }
+}
+
+// ---- errors and callbacks -----------------------------------------------------------
+
+TEST(Errors, MissingInputsNameTheField) {
+  const Inputs in = RandomInputs(1, 40, 12);
+  CompressionConfig cfg;
+  cfg.budget = 8;
+  cfg.lookahead = 2;
+  // echokv without a decoder
+  EXPECT_THAT(Compress(cfg, in.Make(nullptr)), StatusIs(StatusCode::kInvalidArgument, "decoder"));
+  auto dec = RandomDecoder(1);
+  CompressionInput ci = in.Make(dec.get());
+  ci.anchor_queries.clear();
+  EXPECT_THAT(Compress(cfg, ci), StatusIs(StatusCode::kInvalidArgument, "anchor_queries"));
+  ci = in.Make(dec.get());
+  ci.rope_inv_freq = at::Tensor();
+  EXPECT_THAT(Compress(cfg, ci), StatusIs(StatusCode::kInvalidArgument, "rope_inv_freq"));
+  ci = in.Make(dec.get());
+  ci.last_logits = at::Tensor();
+  EXPECT_THAT(Compress(cfg, ci), StatusIs(StatusCode::kInvalidArgument, "last_logits"));
+  ci = in.Make(dec.get());
+  ci.context = nullptr;
+  EXPECT_THAT(Compress(cfg, ci), StatusIs(StatusCode::kInvalidArgument, "context"));
+  // snapkv without queries, and with mismatched positions
+  cfg.policy = PolicyKind::kSnapKv;
+  ci = in.Make(nullptr);
+  ci.last_queries.clear();
+  EXPECT_THAT(Compress(cfg, ci), StatusIs(StatusCode::kInvalidArgument, "last_queries"));
+  ci = in.Make(nullptr);
+  ci.last_query_positions.pop_back();
+  EXPECT_THAT(Compress(cfg, ci), StatusIs(StatusCode::kInvalidArgument, "last_query_positions"));
+  // invalid config is rejected before anything runs
+  cfg.lookahead = 7;
+  EXPECT_THAT(Compress(cfg, in.Make(nullptr)),
+              StatusIs(StatusCode::kInvalidArgument, "lookahead must be even"));
+  cfg.lookahead = 8;
+  cfg.budget = 16;
+  cfg.workspace = 8;
+  EXPECT_THAT(Compress(cfg, in.Make(nullptr)), StatusIs(StatusCode::kInvalidArgument, "workspace"));
+}
+
+TEST(Errors, DecoderFailurePropagates) {
+  const Inputs in = RandomInputs(1, 40, 13);
+  CompressionConfig cfg;
+  cfg.budget = 8;
+  cfg.lookahead = 4;
+  auto dec = RandomDecoder(1);
+  dec->fail_at = 2;
+  EXPECT_THAT(Compress(cfg, in.Make(dec.get())),
+              StatusIs(StatusCode::kInternal, "fake decoder failure"));
+}
+
+TEST(Progress, ReportsEachPhase) {
+  const Inputs in = RandomInputs(1, 40, 14);
+  CompressionConfig cfg;
+  cfg.budget = 8;
+  cfg.lookahead = 4;
+  auto dec = RandomDecoder(1);
+  CompressionInput ci = in.Make(dec.get());
+  std::vector<std::string> seen;
+  ci.progress = [&seen](const std::string& phase, int64_t done, int64_t total) {
+    EXPECT_LE(done, total);
+    if (done == total) seen.push_back(phase);
+  };
+  ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, ci));
+  EXPECT_THAT(seen, ::testing::ElementsAre("bootstrap", "round1", "repair", "round2", "final"));
+  for (const PhaseTime& p : r.report.phases) EXPECT_GE(p.seconds, 0.0);
+}
+
+}  // namespace
+}  // namespace echokv::compression

@@ -1,0 +1,120 @@
+// The non-lookahead policies of ALGORITHM.md §4 / §8.3-§8.6: FullKV, StreamingLLM,
+// H2O, SnapKV, PyramidKV. Each selects per layer and per KV group.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "compression/selection.h"
+#include "kernels/score.h"
+
+namespace echokv::compression::internal {
+
+absl::Status RunFull(const CompressionConfig& config, const CompressionInput& input,
+                     CompressionResult* result) {
+  PhaseClock clock(input, &result->report);
+  const model::KvCache& ctx = *input.context;
+  for (int l = 0; l < ctx.num_layers(); ++l) {
+    result->indices.push_back(KeepAll(ctx.num_kv_heads(), ctx.size(l)));
+  }
+  clock.End("select");
+  return absl::OkStatus();
+}
+
+absl::Status RunStreamingLlm(const CompressionConfig& config, const CompressionInput& input,
+                             CompressionResult* result) {
+  // ALGORITHM.md §8.6: the first 4 entries (attention sinks) plus the last B-4; with
+  // B < 4 only the first B sinks.
+  PhaseClock clock(input, &result->report);
+  const model::KvCache& ctx = *input.context;
+  const int64_t groups = ctx.num_kv_heads();
+  const int64_t budget = config.budget;
+  const int64_t sinks = std::min<int64_t>(4, budget);
+  const int64_t recent = budget - sinks;
+  for (int l = 0; l < ctx.num_layers(); ++l) {
+    const int64_t n = ctx.size(l);
+    if (n <= budget) {
+      result->indices.push_back(KeepAll(groups, n));
+      continue;
+    }
+    result->indices.push_back(at::cat({Range(groups, 0, sinks), Range(groups, n - recent, n)}, 1));
+  }
+  clock.End("select");
+  return absl::OkStatus();
+}
+
+absl::Status RunH2o(const CompressionConfig& config, const CompressionInput& input,
+                    CompressionResult* result) {
+  // ALGORITHM.md §8.5: recent = floor(B/2) newest entries, heavy = B - recent from the
+  // older entries by the group sum of the causal column sums (diagonal included) of all
+  // available context queries (a grown session has only its new tokens' queries).
+  PhaseClock clock(input, &result->report);
+  const model::KvCache& ctx = *input.context;
+  const int64_t groups = ctx.num_kv_heads();
+  const int64_t budget = config.budget;
+  const int64_t recent = budget / 2;
+  const int64_t heavy = budget - recent;
+  bool scored = false;
+  for (int l = 0; l < ctx.num_layers(); ++l) {
+    const int64_t n = ctx.size(l);
+    if (n <= budget) {
+      result->indices.push_back(KeepAll(groups, n));
+      continue;
+    }
+    WindowQueries q = LastQueries(input, l, /*count=*/-1);
+    if (q.size() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "last_queries: layer ", l, " has no context queries; h2o needs every context "
+          "query of the prefill (PrefillNeeds::last_queries = -1)"));
+    }
+    at::Tensor col = kernels::CausalColumnSums(q.queries, q.positions, ctx.keys(l),
+                                               ctx.positions(l));            // [H, n]
+    at::Tensor group_scores = kernels::SumHeadsPerGroup(col, groups);       // [G, n]
+    result->indices.push_back(TopKPrefixPlusTail(group_scores, n - recent, heavy, n));
+    scored = true;
+  }
+  result->report.scoring_passes = scored ? 1 : 0;
+  clock.End("select");
+  return absl::OkStatus();
+}
+
+absl::Status RunSnapKv(const CompressionConfig& config, const CompressionInput& input,
+                       CompressionResult* result) {
+  // ALGORITHM.md §8.3.
+  PhaseClock clock(input, &result->report);
+  const model::KvCache& ctx = *input.context;
+  bool scored = false;
+  for (int l = 0; l < ctx.num_layers(); ++l) {
+    ECHOKV_ASSIGN_OR_RETURN(
+        at::Tensor idx,
+        SnapKvSelect(ctx, l, LastQueries(input, l, config.snapkv_window), config.snapkv_window,
+                     config.snapkv_kernel, config.budget, &scored));
+    result->indices.push_back(idx);
+  }
+  result->report.scoring_passes = scored ? 1 : 0;
+  clock.End("select");
+  return absl::OkStatus();
+}
+
+absl::Status RunPyramidKv(const CompressionConfig& config, const CompressionInput& input,
+                          CompressionResult* result) {
+  // ALGORITHM.md §8.4: SnapKV scoring with per-layer budgets falling linearly.
+  PhaseClock clock(input, &result->report);
+  const model::KvCache& ctx = *input.context;
+  const std::vector<int64_t> budgets =
+      PyramidKvBudgets(config.budget, config.snapkv_window, ctx.num_layers());
+  bool scored = false;
+  for (int l = 0; l < ctx.num_layers(); ++l) {
+    ECHOKV_ASSIGN_OR_RETURN(
+        at::Tensor idx,
+        SnapKvSelect(ctx, l, LastQueries(input, l, config.snapkv_window), config.snapkv_window,
+                     config.snapkv_kernel, budgets[l], &scored));
+    result->indices.push_back(idx);
+  }
+  result->report.scoring_passes = scored ? 1 : 0;
+  clock.End("select");
+  return absl::OkStatus();
+}
+
+}  // namespace echokv::compression::internal
