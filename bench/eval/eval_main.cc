@@ -1,0 +1,182 @@
+// echokv-eval: fidelity of every eviction policy against the full cache on a JSONL case
+// set (see bench/eval/evaluator.h for the metrics and bench/eval/dataset.h for the
+// format). Writes results.csv, summary.md, plots.gp and one PNG per metric (gnuplot)
+// into --out; prints progress (cases done / total, ETA) on stderr.
+//
+//   echokv-eval --model /work/shared/models/stories260K --data bench/data/stories_eval.jsonl
+//       --policies echokv,laq,snapkv,pyramidkv,h2o,streamingllm,full --budgets 32,64,128
+//       --steps 32 --lookahead 8 --workspace 128 --out /tmp/eval
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "bench/eval/dataset.h"
+#include "bench/eval/evaluator.h"
+#include "common/logging.h"
+#include "compression/config.h"
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+
+ABSL_FLAG(std::string, model, "", "Hugging Face model directory (required)");
+ABSL_FLAG(std::string, data, "", "JSONL case file (required)");
+ABSL_FLAG(std::string, policies, "echokv,laq,snapkv,pyramidkv,h2o,streamingllm,full",
+          "policies, comma-separated");
+ABSL_FLAG(std::string, budgets, "32,64,128", "budgets B per layer and KV group, comma-separated");
+ABSL_FLAG(int, steps, 32, "teacher-forced / free-running decode steps per case");
+ABSL_FLAG(int, lookahead, 8, "lookahead steps T (laq, echokv, Table 1)");
+ABSL_FLAG(int, workspace, 0, "echokv workspace B1 (0 = its default 1024)");
+ABSL_FLAG(int, laq_workspace, 0, "LAQ workspace B1 (0 = its default, the budget)");
+ABSL_FLAG(int, stage2_window, 0, "echokv stage-2 window w");
+ABSL_FLAG(int, oracle_steps, 8, "true decode steps K whose top-B union oracle_overlap uses");
+ABSL_FLAG(bool, table1, true, "compute the Table 1 (frozen vs refreshed) overlaps");
+ABSL_FLAG(int, limit, 0, "evaluate only the first N cases (0 = all)");
+ABSL_FLAG(int, threads, 0, "LibTorch threads (0 = $ECHOKV_THREADS or all cores)");
+ABSL_FLAG(int, resamples, 2000, "bootstrap resamples for the 95% intervals");
+ABSL_FLAG(int, seed, 0, "bootstrap RNG seed");
+ABSL_FLAG(std::string, out, "eval_out", "output directory");
+ABSL_FLAG(bool, plots, true, "draw PNG plots with gnuplot");
+
+namespace {
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "echokv-eval: error: %s\n", msg.c_str());
+  return 1;
+}
+
+absl::StatusOr<std::vector<int>> ParseInts(const std::string& s, const char* field) {
+  std::vector<int> out;
+  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (!absl::SimpleAtoi(p, &v)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": \"", p, "\" is not an integer"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+bool WriteFile(const std::filesystem::path& path, const std::string& contents) {
+  std::ofstream f(path, std::ios::binary);
+  f << contents;
+  return static_cast<bool>(f);
+}
+
+std::string FormatSeconds(double s) {
+  const int t = static_cast<int>(s + 0.5);
+  return t >= 60 ? absl::StrCat(t / 60, "m", t % 60 < 10 ? "0" : "", t % 60, "s") : absl::StrCat(t, "s");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("echokv-eval --model DIR --data FILE.jsonl [--policies ...] [--budgets ...] [--out DIR]");
+  absl::ParseCommandLine(argc, argv);
+  echokv::InitLogging(argv[0]);
+  std::string command = "echokv-eval";
+  for (int i = 1; i < argc; ++i) absl::StrAppend(&command, " ", argv[i]);
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  const std::string data_path = absl::GetFlag(FLAGS_data);
+  if (model_dir.empty()) return Fail("--model is required");
+  if (data_path.empty()) return Fail("--data is required");
+
+  echokv::eval::EvalOptions opt;
+  opt.policies.clear();
+  for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_policies), ',', absl::SkipEmpty())) {
+    auto kind = echokv::compression::ParsePolicyKind(p);
+    if (!kind.ok()) return Fail(absl::StrCat("--policies: ", kind.status().message()));
+    opt.policies.push_back(*kind);
+  }
+  auto budgets = ParseInts(absl::GetFlag(FLAGS_budgets), "--budgets");
+  if (!budgets.ok()) return Fail(std::string(budgets.status().message()));
+  opt.budgets = *budgets;
+  opt.steps = absl::GetFlag(FLAGS_steps);
+  opt.lookahead = absl::GetFlag(FLAGS_lookahead);
+  if (absl::GetFlag(FLAGS_workspace) != 0) opt.workspace = absl::GetFlag(FLAGS_workspace);
+  if (absl::GetFlag(FLAGS_laq_workspace) != 0) opt.laq_workspace = absl::GetFlag(FLAGS_laq_workspace);
+  opt.stage2_window = absl::GetFlag(FLAGS_stage2_window);
+  opt.oracle_steps = absl::GetFlag(FLAGS_oracle_steps);
+  opt.table1 = absl::GetFlag(FLAGS_table1);
+  if (absl::Status s = opt.Validate(); !s.ok()) return Fail(s.ToString());
+
+  echokv::model::DeviceOptions dev;
+  dev.num_threads = absl::GetFlag(FLAGS_threads);
+  auto model = echokv::model::Transformer::Load(model_dir, dev);
+  if (!model.ok()) return Fail(model.status().ToString());
+  auto tokenizer = echokv::model::LoadTokenizer(model_dir);
+  if (!tokenizer.ok()) return Fail(tokenizer.status().ToString());
+  auto cases = echokv::eval::ReadDataset(data_path, tokenizer->get(), (*model)->config().vocab_size);
+  if (!cases.ok()) return Fail(cases.status().ToString());
+  if (absl::GetFlag(FLAGS_limit) > 0 && static_cast<size_t>(absl::GetFlag(FLAGS_limit)) < cases->size()) {
+    cases->resize(absl::GetFlag(FLAGS_limit));
+  }
+  auto evaluator = echokv::eval::Evaluator::Create(model->get(), opt);
+  if (!evaluator.ok()) return Fail(evaluator.status().ToString());
+
+  const std::filesystem::path out_dir(absl::GetFlag(FLAGS_out));
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return Fail(absl::StrCat("--out: cannot create ", out_dir.string(), ": ", ec.message()));
+
+  std::vector<echokv::eval::MetricRow> rows;
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t total = cases->size();
+  for (size_t i = 0; i < total; ++i) {
+    auto r = (*evaluator)->EvaluateCase((*cases)[i]);
+    if (!r.ok()) return Fail(r.status().ToString());
+    rows.insert(rows.end(), r->begin(), r->end());
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double eta = elapsed / (i + 1) * (total - i - 1);
+    std::fprintf(stderr, "\r[echokv-eval] %zu/%zu cases  elapsed %s  ETA %s   ", i + 1, total,
+                 FormatSeconds(elapsed).c_str(), FormatSeconds(eta).c_str());
+    std::fflush(stderr);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr, "\n");
+
+  echokv::eval::BootstrapOptions bo;
+  bo.resamples = absl::GetFlag(FLAGS_resamples);
+  bo.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  const auto cells = echokv::eval::Summarize(rows, bo);
+
+  char date[64];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  std::string header = absl::StrCat(
+      "# echokv-eval summary\n\n```\n", command, "\n```\n\n- model: ", model_dir, "\n- data: ", data_path,
+      " (", total, " cases)\n- steps ", opt.steps, ", lookahead T ", opt.lookahead, ", echokv workspace B1 ",
+      opt.ConfigFor(echokv::compression::PolicyKind::kEchoKv, opt.budgets.front()).EffectiveWorkspace(),
+      ", oracle steps K ", opt.oracle_steps, "\n- evaluation time ", absl::StrFormat("%.1f", seconds),
+      " s, ", date, "\n");
+  if (!WriteFile(out_dir / "results.csv", echokv::eval::ResultsCsv(rows)) ||
+      !WriteFile(out_dir / "summary.md", echokv::eval::SummaryMarkdown(cells, opt, header))) {
+    return Fail(absl::StrCat("cannot write into ", out_dir.string()));
+  }
+  if (absl::GetFlag(FLAGS_plots)) {
+    const echokv::eval::PlotFiles plots = echokv::eval::MakePlots(cells);
+    bool ok = WriteFile(out_dir / "plots.gp", plots.script);
+    for (const auto& [name, contents] : plots.data) ok = ok && WriteFile(out_dir / name, contents);
+    if (!ok) return Fail(absl::StrCat("cannot write plot files into ", out_dir.string()));
+    const std::string cmd = absl::StrCat("cd '", out_dir.string(), "' && gnuplot plots.gp");
+    if (std::system(cmd.c_str()) != 0) {
+      ECHOKV_LOG(WARNING) << "gnuplot failed (is gnuplot installed?); plots.gp and the .dat files are in "
+                          << out_dir.string();
+    }
+  }
+  std::fprintf(stderr, "[echokv-eval] %zu cases in %.1f s; wrote %s/{results.csv,summary.md,plots}\n", total,
+               seconds, out_dir.string().c_str());
+  return 0;
+}
