@@ -1,0 +1,383 @@
+// echokv-bench-server: N concurrent streaming clients against one echokv-server.
+// Starts the server binary itself (on stories260K from $ECHOKV_TEST_DATA or --model),
+// then for each N in --clients creates N sessions and streams N Generate calls at
+// once, --rounds times: aggregate tokens/s (all tokens / wall time of the round),
+// p50/p99 time to first token (client side, from the call to the first token) and
+// inter-token latency (gap between streamed messages, shared by the ids in a message). Also the KV memory of one session with the policy vs the `full` policy
+// (from GetSession / InspectCache figures).
+//
+//   build/bin/echokv-bench-server                                    # stories260K
+//   build/bin/echokv-bench-server --model DIR --clients 1,4,16 --max_tokens 64
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/barrier.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/cli_util.h"
+#include "proto/echokv/v1/echokv.grpc.pb.h"
+
+ABSL_FLAG(std::string, server_binary, "",
+          "echokv-server to start; default: the one next to this binary");
+ABSL_FLAG(std::string, model, "",
+          "Model directory; default $ECHOKV_TEST_DATA/models/stories260K");
+ABSL_FLAG(std::string, clients, "1,4,16", "Concurrent streaming clients, comma separated");
+ABSL_FLAG(int, rounds, 3, "Generations per client per concurrency level");
+ABSL_FLAG(int, max_tokens, 64, "Tokens per generation (EOS ignored)");
+ABSL_FLAG(std::string, policy, "echokv", "Compression policy of the sessions");
+ABSL_FLAG(int, budget, 64, "Budget B of the sessions");
+ABSL_FLAG(int, lookahead, 8, "Lookahead T (laq, echokv)");
+ABSL_FLAG(int, prompt_repeat, 4, "Times the built-in story paragraph is repeated as context");
+ABSL_FLAG(int, server_threads, 0, "--threads of the server (0 = its default)");
+
+namespace echokv::bench {
+namespace {
+
+namespace v1 = ::echokv::v1;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kStory[] =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+    "park with her friends. One day she found a small red ball under a big tree, and she "
+    "wanted to share it with everyone she knew. ";
+
+// The started server: pid and the gRPC port it bound.
+struct ServerProcess {
+  pid_t pid = -1;
+  int port = 0;
+  std::string log_path;
+};
+
+std::string ExeDir() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, static_cast<size_t>(n));
+  return path.substr(0, path.rfind('/'));
+}
+
+absl::StatusOr<ServerProcess> StartServer(const std::string& binary, const std::string& model,
+                                          const std::string& dir, int threads, int streams) {
+  ServerProcess server;
+  const std::string port_file = dir + "/ports";
+  server.log_path = dir + "/server.log";
+  std::vector<std::string> args = {binary,
+                                   "--model=" + model,
+                                   "--host=127.0.0.1",
+                                   "--port=0",
+                                   "--metrics_port=-1",
+                                   "--port_file=" + port_file,
+                                   absl::StrCat("--max_concurrent_streams=", streams),
+                                   absl::StrCat("--max_sessions=", 4 * streams + 16)};
+  if (threads > 0) args.push_back(absl::StrCat("--threads=", threads));
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, server.log_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  const int rc = posix_spawn(&server.pid, binary.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", std::strerror(rc)));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (absl::Now() < deadline) {
+    int status = 0;
+    if (waitpid(server.pid, &status, WNOHANG) == server.pid) {
+      return absl::InternalError(
+          absl::StrCat("echokv-server exited before listening; see ", server.log_path));
+    }
+    std::ifstream in(port_file);
+    int port = 0;
+    if (in >> port && port > 0) {
+      server.port = port;
+      return server;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  kill(server.pid, SIGKILL);
+  waitpid(server.pid, nullptr, 0);
+  return absl::DeadlineExceededError("echokv-server wrote no port file within 120 s");
+}
+
+int StopServer(const ServerProcess& server) {
+  kill(server.pid, SIGTERM);
+  int status = 0;
+  waitpid(server.pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+double Percentile(std::vector<double> values, double p) {
+  if (values.empty()) return std::nan("");
+  std::sort(values.begin(), values.end());
+  const double rank = p / 100.0 * (values.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(rank));
+  const size_t hi = std::min(values.size() - 1, lo + 1);
+  return values[lo] + (rank - lo) * (values[hi] - values[lo]);
+}
+
+absl::StatusOr<v1::Session> CreateSession(v1::EchoKV::Stub& stub, const std::string& text,
+                                          const std::string& policy, int budget, int lookahead) {
+  v1::CreateSessionRequest request;
+  request.mutable_input()->set_text(text);
+  request.mutable_compression()->set_policy(policy);
+  request.mutable_compression()->set_budget(budget);
+  if (policy == "echokv" || policy == "laq") request.mutable_compression()->set_lookahead(lookahead);
+  grpc::ClientContext context;
+  auto reader = stub.CreateSession(&context, request);
+  v1::SessionProgress message;
+  std::optional<v1::Session> session;
+  while (reader->Read(&message)) {
+    if (message.has_session()) session = message.session();
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return client::FromGrpcStatus(status);
+  if (!session.has_value()) return absl::InternalError("CreateSession sent no Session");
+  return *session;
+}
+
+void DeleteSession(v1::EchoKV::Stub& stub, const std::string& id) {
+  grpc::ClientContext context;
+  v1::DeleteSessionRequest request;
+  request.set_session_id(id);
+  v1::DeleteSessionResponse response;
+  stub.DeleteSession(&context, request, &response).IgnoreError();
+}
+
+// What one streamed generation measured (client side).
+struct StreamResult {
+  absl::Status status;
+  int tokens = 0;
+  double ttft_s = 0;                   // call start -> first token
+  std::vector<double> inter_token_s;   // gaps between successive tokens
+};
+
+StreamResult StreamOnce(v1::EchoKV::Stub& stub, const std::string& session_id, int max_tokens) {
+  StreamResult result;
+  v1::GenerateRequest request;
+  request.set_session_id(session_id);
+  request.set_max_tokens(max_tokens);
+  request.set_ignore_eos(true);
+  grpc::ClientContext context;
+  const Clock::time_point start = Clock::now();
+  auto reader = stub.Generate(&context, request);
+  v1::GenerateResponse message;
+  Clock::time_point last = start;
+  while (reader->Read(&message)) {
+    const int n = message.token_ids_size();
+    if (n == 0) continue;
+    const Clock::time_point now = Clock::now();
+    const double gap = std::chrono::duration<double>(now - last).count();
+    // A message may carry several ids (the server holds back incomplete UTF-8): the
+    // gap is shared evenly by its ids, so every token contributes one sample.
+    if (result.tokens == 0) {
+      result.ttft_s = gap;
+      for (int i = 1; i < n; ++i) result.inter_token_s.push_back(0.0);
+    } else {
+      for (int i = 0; i < n; ++i) result.inter_token_s.push_back(gap / n);
+    }
+    result.tokens += n;
+    last = now;
+  }
+  result.status = client::FromGrpcStatus(reader->Finish());
+  return result;
+}
+
+int Run() {
+  const char* data = std::getenv("ECHOKV_TEST_DATA");
+  std::string model = absl::GetFlag(FLAGS_model);
+  if (model.empty()) {
+    if (data == nullptr || *data == '\0') {
+      std::fprintf(stderr, "echokv-bench-server: give --model or set $ECHOKV_TEST_DATA\n");
+      return 2;
+    }
+    model = absl::StrCat(data, "/models/stories260K");
+  }
+  std::string binary = absl::GetFlag(FLAGS_server_binary);
+  if (binary.empty()) binary = ExeDir() + "/echokv-server";
+  std::vector<int> levels;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_clients), ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n < 1 || n > 256) {
+      std::fprintf(stderr, "echokv-bench-server: --clients entry '%s' is not in 1..256\n",
+                   std::string(part).c_str());
+      return 2;
+    }
+    levels.push_back(n);
+  }
+  const int max_level = *std::max_element(levels.begin(), levels.end());
+  const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
+  const int max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  const std::string policy = absl::GetFlag(FLAGS_policy);
+  const int budget = absl::GetFlag(FLAGS_budget);
+  const int lookahead = absl::GetFlag(FLAGS_lookahead);
+  std::string text;
+  for (int i = 0; i < absl::GetFlag(FLAGS_prompt_repeat); ++i) text += kStory;
+
+  char dir_template[] = "/tmp/echokv-bench-server.XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) {
+    std::perror("mkdtemp");
+    return 1;
+  }
+  absl::StatusOr<ServerProcess> server =
+      StartServer(binary, model, dir_template, absl::GetFlag(FLAGS_server_threads), max_level + 4);
+  if (!server.ok()) {
+    std::fprintf(stderr, "echokv-bench-server: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  grpc::ChannelArguments channel_args;
+  channel_args.SetMaxReceiveMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server->port),
+                                           grpc::InsecureChannelCredentials(), channel_args);
+  auto stub = v1::EchoKV::NewStub(channel);
+  int exit_code = 0;
+  auto fail = [&](const absl::Status& s) {
+    std::fprintf(stderr, "echokv-bench-server: %s (server log: %s)\n",
+                 client::DescribeStatus(s).c_str(), server->log_path.c_str());
+    exit_code = 1;
+  };
+
+  do {
+    absl::StatusOr<std::string> health = client::CheckHealth(channel, "", absl::Seconds(30));
+    if (!health.ok() || *health != "SERVING") {
+      fail(health.ok() ? absl::UnavailableError(*health) : health.status());
+      break;
+    }
+    // ---- memory per session, with and without compression ----
+    absl::StatusOr<v1::Session> full = CreateSession(*stub, text, "full", budget, lookahead);
+    absl::StatusOr<v1::Session> compressed = CreateSession(*stub, text, policy, budget, lookahead);
+    if (!full.ok() || !compressed.ok()) {
+      fail(full.ok() ? compressed.status() : full.status());
+      break;
+    }
+    v1::InspectCacheResponse inspect;
+    {
+      grpc::ClientContext context;
+      v1::InspectCacheRequest request;
+      request.set_session_id(compressed->id());
+      grpc::Status s = stub->InspectCache(&context, request, &inspect);
+      if (!s.ok()) {
+        fail(client::FromGrpcStatus(s));
+        break;
+      }
+    }
+    std::printf("model %s, context %lld tokens, policy %s, budget %d, %d tokens per generation\n\n",
+                model.c_str(), static_cast<long long>(full->tokens_seen()), policy.c_str(), budget,
+                max_tokens);
+    std::printf("| session memory | KV bytes retained | entries |\n|---|---:|---:|\n");
+    std::printf("| full (no compression) | %s | %lld |\n",
+                client::FormatBytes(full->retained_kv_bytes()).c_str(),
+                static_cast<long long>(full->retained_entries()));
+    std::printf("| %s, B = %d | %s (%.1f%% of full; InspectCache total %s) | %lld |\n\n",
+                policy.c_str(), budget,
+                client::FormatBytes(compressed->retained_kv_bytes()).c_str(),
+                100.0 * compressed->retained_kv_bytes() / std::max<int64_t>(1, full->retained_kv_bytes()),
+                client::FormatBytes(inspect.total_kv_bytes()).c_str(),
+                static_cast<long long>(compressed->retained_entries()));
+    DeleteSession(*stub, full->id());
+    DeleteSession(*stub, compressed->id());
+
+    // ---- concurrency levels ----
+    std::printf("| clients | tokens/s (aggregate) | TTFT p50 | TTFT p99 | inter-token p50 | inter-token p99 |\n");
+    std::printf("|---:|---:|---:|---:|---:|---:|\n");
+    for (int n : levels) {
+      std::vector<std::string> ids;
+      for (int i = 0; i < n && exit_code == 0; ++i) {
+        absl::StatusOr<v1::Session> s = CreateSession(*stub, text, policy, budget, lookahead);
+        if (!s.ok()) {
+          fail(s.status());
+        } else {
+          ids.push_back(s->id());
+        }
+      }
+      if (exit_code != 0) break;
+      std::vector<double> ttft, itl;
+      int64_t tokens = 0;
+      double wall_s = 0;
+      for (int round = 0; round < rounds && exit_code == 0; ++round) {
+        std::vector<StreamResult> results(n);
+        absl::Barrier* barrier = new absl::Barrier(n + 1);  // deleted by the last Block()
+        std::vector<std::thread> threads;
+        for (int i = 0; i < n; ++i) {
+          threads.emplace_back([&, i] {
+            if (barrier->Block()) delete barrier;
+            results[i] = StreamOnce(*stub, ids[i], max_tokens);
+          });
+        }
+        const Clock::time_point start = Clock::now();
+        if (barrier->Block()) delete barrier;
+        for (std::thread& t : threads) t.join();
+        wall_s += std::chrono::duration<double>(Clock::now() - start).count();
+        for (const StreamResult& r : results) {
+          if (!r.status.ok()) {
+            fail(r.status);
+            break;
+          }
+          tokens += r.tokens;
+          ttft.push_back(r.ttft_s);
+          itl.insert(itl.end(), r.inter_token_s.begin(), r.inter_token_s.end());
+        }
+      }
+      for (const std::string& id : ids) DeleteSession(*stub, id);
+      if (exit_code != 0) break;
+      std::printf("| %d | %.1f | %.2f ms | %.2f ms | %.3f ms | %.3f ms |\n", n, tokens / wall_s,
+                  1e3 * Percentile(ttft, 50), 1e3 * Percentile(ttft, 99), 1e3 * Percentile(itl, 50),
+                  1e3 * Percentile(itl, 99));
+      std::fflush(stdout);
+    }
+  } while (false);
+
+  const int server_rc = StopServer(*server);
+  if (server_rc != 0) {
+    std::fprintf(stderr, "echokv-bench-server: echokv-server exited with %d after SIGTERM\n",
+                 server_rc);
+    exit_code = 1;
+  }
+  if (exit_code == 0) {  // keep the server log for a failed run
+    std::remove((std::string(dir_template) + "/ports").c_str());
+    std::remove(server->log_path.c_str());
+    rmdir(dir_template);
+  }
+  return exit_code;
+}
+
+}  // namespace
+}  // namespace echokv::bench
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "echokv-bench-server [--model DIR] [--clients 1,4,16] [--max_tokens 64] [--rounds 3]");
+  absl::ParseCommandLine(argc, argv);
+  return echokv::bench::Run();
+}

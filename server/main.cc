@@ -1,0 +1,205 @@
+// echokv-server: loads one model and serves echokv.v1.EchoKV (gRPC, callback API),
+// grpc.health.v1.Health, server reflection and Prometheus metrics.
+//
+//   echokv-server --model /models/stories260K --port 50051 --metrics-port 9090
+//   echokv-server --model DIR --host 127.0.0.1 --port 0 --port-file /tmp/ports
+//     (port 0 picks a free port; the port file gets "GRPC_PORT\nMETRICS_PORT\n")
+//
+// SIGTERM / SIGINT: health -> NOT_SERVING, stop accepting, let in-flight calls finish
+// until --shutdown-grace, then cancel what is left; exit 0. A second signal cancels
+// at once. Signals are taken by sigwait on the main thread, never in a handler.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/env.h"
+#include "common/flag_names.h"
+#include "common/logging.h"
+#include "compression/config.h"
+#include "server/engine.h"
+#include "server/metrics.h"
+#include "server/service.h"
+
+ABSL_FLAG(std::string, model, "", "Model directory (Hugging Face layout); default $ECHOKV_MODEL");
+ABSL_FLAG(std::string, host, "0.0.0.0", "Address to serve gRPC on");
+ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port");
+ABSL_FLAG(std::string, port_file, "",
+          "When set, write the bound gRPC port and the metrics port (one per line) here");
+ABSL_FLAG(std::string, metrics_host, "", "Address for /metrics; default --host");
+ABSL_FLAG(int, metrics_port, 9090, "Prometheus /metrics port; 0 picks a free port, -1 disables");
+ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
+ABSL_FLAG(std::string, dtype, "float32", "float32, bfloat16 or float16");
+ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads; 0 = $ECHOKV_THREADS or all cores");
+ABSL_FLAG(int, prefill_chunk, 256, "Tokens per prefill chunk (streams interleave between chunks)");
+ABSL_FLAG(std::string, default_policy, "echokv", "Compression policy when a request sets none");
+ABSL_FLAG(int, default_budget, 512, "Default budget B (entries per layer and KV group)");
+ABSL_FLAG(int, default_lookahead, 8, "Default lookahead T (even)");
+ABSL_FLAG(int, default_workspace, 0, "Default workspace B1; 0 = the policy's default");
+ABSL_FLAG(int, default_window, 0, "Default EchoKV stage-2 window w");
+ABSL_FLAG(int64_t, max_context_tokens, 0, "Most tokens a session may hold; 0 = the model's context");
+ABSL_FLAG(int, max_new_tokens, 1024, "Largest max_tokens of a Generate");
+ABSL_FLAG(int, max_sessions, 256, "Live sessions at most");
+ABSL_FLAG(int64_t, max_kv_bytes, int64_t{8} << 30, "Retained KV bytes of all sessions together");
+ABSL_FLAG(absl::Duration, session_ttl, absl::Minutes(30), "Default idle expiry of a session");
+ABSL_FLAG(absl::Duration, max_session_ttl, absl::Hours(24), "Largest ttl a client may ask for");
+ABSL_FLAG(int, max_concurrent_streams, 64, "Streaming calls (and Compress) in flight at most");
+ABSL_FLAG(int64_t, max_request_bytes, int64_t{4} << 20, "Input bytes of one request (before tokenizing)");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
+          "On SIGTERM/SIGINT: how long in-flight calls may run before they are cancelled");
+
+namespace echokv::server {
+namespace {
+
+absl::StatusOr<EngineConfig> ConfigFromFlags() {
+  EngineConfig c;
+  c.model_dir = absl::GetFlag(FLAGS_model);
+  if (c.model_dir.empty()) c.model_dir = GetEnv("ECHOKV_MODEL").value_or("");
+  if (c.model_dir.empty()) {
+    return absl::InvalidArgumentError("--model: a model directory is required (or set $ECHOKV_MODEL)");
+  }
+  c.device = absl::GetFlag(FLAGS_device);
+  c.dtype = absl::GetFlag(FLAGS_dtype);
+  c.threads = absl::GetFlag(FLAGS_threads);
+  c.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  absl::StatusOr<compression::PolicyKind> policy = compression::ParsePolicyKind(absl::GetFlag(FLAGS_default_policy));
+  if (!policy.ok()) return absl::InvalidArgumentError(absl::StrCat("--default_policy: ", policy.status().message()));
+  c.default_compression.policy = *policy;
+  c.default_compression.budget = absl::GetFlag(FLAGS_default_budget);
+  c.default_compression.lookahead = absl::GetFlag(FLAGS_default_lookahead);
+  if (absl::GetFlag(FLAGS_default_workspace) > 0) c.default_compression.workspace = absl::GetFlag(FLAGS_default_workspace);
+  c.default_compression.stage2_window = absl::GetFlag(FLAGS_default_window);
+  EngineLimits& l = c.limits;
+  l.max_context_tokens = absl::GetFlag(FLAGS_max_context_tokens);
+  l.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  l.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  l.max_kv_bytes = absl::GetFlag(FLAGS_max_kv_bytes);
+  l.session_ttl = absl::GetFlag(FLAGS_session_ttl);
+  l.max_session_ttl = std::max(absl::GetFlag(FLAGS_max_session_ttl), l.session_ttl);
+  l.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  l.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+  if (absl::Status s = c.Validate(); !s.ok()) return absl::InvalidArgumentError(absl::StrCat("flags: ", s.message()));
+  return c;
+}
+
+int Run() {
+  // Block the shutdown signals in every thread (threads inherit the mask), so only
+  // the sigwait below sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<EngineConfig> config = ConfigFromFlags();
+  if (!config.ok()) {
+    ECHOKV_LOG(ERROR) << config.status().message();
+    return 2;
+  }
+  const std::string host = absl::GetFlag(FLAGS_host);
+  std::string metrics_address;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    const std::string mhost = absl::GetFlag(FLAGS_metrics_host).empty() ? host : absl::GetFlag(FLAGS_metrics_host);
+    metrics_address = absl::StrCat(mhost, ":", absl::GetFlag(FLAGS_metrics_port));
+  }
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(metrics_address);
+  if (!metrics.ok()) {
+    ECHOKV_LOG(ERROR) << metrics.status().message();
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*config, metrics->get());
+  if (!engine.ok()) {
+    ECHOKV_LOG(ERROR) << "cannot start the engine: " << engine.status().message();
+    return 1;
+  }
+  EchoKvService service(engine->get(), metrics->get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)), grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&service);
+  const int64_t max_message = std::min<int64_t>(config->limits.max_request_bytes + (1 << 16), INT32_MAX);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(max_message));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    ECHOKV_LOG(ERROR) << "cannot listen on " << host << ":" << absl::GetFlag(FLAGS_port);
+    return 1;
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  // Register the named service too ("" is the whole server); SetServingStatus(false)
+  // on shutdown flips every registered name.
+  health->SetServingStatus("echokv.v1.EchoKV", true);
+  health->SetServingStatus(true);
+  const int metrics_port = (*metrics)->port();
+  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << port << "\n" << metrics_port << "\n";
+      if (!out) {
+        ECHOKV_LOG(ERROR) << "cannot write --port_file " << path;
+        return 1;
+      }
+    }
+    std::rename(tmp.c_str(), path.c_str());  // readers never see half a file
+  }
+  ECHOKV_LOG(INFO) << "echokv-server listening on " << host << ":" << port << ", metrics on port "
+                   << metrics_port;
+
+  int sig = 0;
+  while (sigwait(&signals, &sig) != 0) {
+  }
+  ECHOKV_LOG(INFO) << "signal " << sig << ": shutting down (grace " << absl::GetFlag(FLAGS_shutdown_grace) << ")";
+  health->SetServingStatus(false);
+  const absl::Duration grace = absl::GetFlag(FLAGS_shutdown_grace);
+  const absl::Time deadline = absl::Now() + grace;
+  std::thread stopper([&server, deadline] { server->Shutdown(absl::ToChronoTime(deadline)); });
+  // Let in-flight calls finish; cancel what remains shortly before the deadline (or
+  // at once on a second signal) so the engine has time to unwind.
+  const absl::Time cancel_at = deadline - std::min(grace / 5, absl::Seconds(1));
+  bool cancelled = false;
+  while (service.streams_in_flight() > 0 && !cancelled) {
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    if (sigtimedwait(&signals, nullptr, &ts) > 0 || absl::Now() >= cancel_at) {
+      ECHOKV_LOG(INFO) << "cancelling " << service.streams_in_flight() << " in-flight call(s)";
+      (*engine)->CancelAll();
+      cancelled = true;
+    }
+  }
+  stopper.join();
+  (*engine)->Shutdown();
+  ECHOKV_LOG(INFO) << "echokv-server stopped";
+  return 0;
+}
+
+}  // namespace
+}  // namespace echokv::server
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("echokv-server --model DIR [--port 50051] [--metrics-port 9090] ...");
+  echokv::DashedFlagArgs dashed(argc, argv);  // --port-file as well as --port_file
+  std::vector<char*> args = absl::ParseCommandLine(dashed.argc(), dashed.argv());
+  if (args.size() > 1) {
+    std::fprintf(stderr, "echokv-server: unexpected argument '%s' (see --help)\n", args[1]);
+    return 2;
+  }
+  echokv::InitLogging(argv[0]);
+  return echokv::server::Run();
+}

@@ -1,0 +1,57 @@
+// Prometheus metrics of echokv-server (DESIGN.md rule 10): the engine reports plain
+// stats (server/stats.h) and the service reports request outcomes; this class turns
+// them into prometheus-cpp families served at GET /metrics (own HTTP thread). Every name
+// starts with "echokv_"; label values are bounded (policy, phase, method, code,
+// limit), never a session id.
+//
+//   ECHOKV_ASSIGN_OR_RETURN(auto metrics, Metrics::Create("0.0.0.0:0"));
+//   int port = metrics->port();                       // the bound port
+//   ECHOKV_ASSIGN_OR_RETURN(auto engine, Engine::Create(cfg, metrics.get()));
+//   metrics->OnRequest("Generate", "OK");
+#ifndef ECHOKV_SERVER_METRICS_H_
+#define ECHOKV_SERVER_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "server/stats.h"
+
+namespace echokv::server {
+
+class Metrics : public EngineObserver {
+ public:
+  // Serves /metrics on `bind_address` ("host:port"; port 0 picks a free port). An
+  // empty address builds the families without serving them (tests).
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& bind_address);
+  ~Metrics() override;
+
+  int port() const;  // the bound port (0 when not serving)
+
+  // One finished RPC: method name ("Generate") and gRPC code name ("OK", "NOT_FOUND").
+  void OnRequest(absl::string_view method, absl::string_view code);
+  // Streaming RPCs in flight (+1 / -1).
+  void OnStreamDelta(int delta);
+  // The text exposition of every family (what /metrics serves).
+  std::string Render() const;
+
+  // EngineObserver
+  void OnCompression(const CompressionStats& stats) override;
+  void OnFirstToken(double seconds) override;
+  void OnInterToken(double seconds) override;
+  void OnGeneratedTokens(int64_t n) override;
+  void OnSessionCreated() override;
+  void OnSessionExpired() override;
+  void OnSessionRejected(absl::string_view limit) override;
+  void OnGauges(const EngineGauges& gauges) override;
+
+ private:
+  struct Impl;
+  explicit Metrics(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;  // prometheus-cpp registry, families and exposer
+};
+
+}  // namespace echokv::server
+
+#endif  // ECHOKV_SERVER_METRICS_H_

@@ -1,0 +1,586 @@
+#include "server/service.h"
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/status_util.h"
+
+namespace echokv::server {
+namespace {
+
+namespace pb = ::echokv::v1;
+
+const char* CodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED: return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case grpc::StatusCode::DO_NOT_USE: return "UNKNOWN";
+  }
+  return "UNKNOWN";
+}
+
+// ---- proto -> native ----
+
+InputSpec ToInput(const pb::Input& in) {
+  InputSpec spec;
+  switch (in.content_case()) {
+    case pb::Input::kText:
+      spec.kind = InputSpec::Kind::kText;
+      spec.text = in.text();
+      break;
+    case pb::Input::kTokens:
+      spec.kind = InputSpec::Kind::kTokens;
+      spec.tokens.assign(in.tokens().ids().begin(), in.tokens().ids().end());
+      break;
+    case pb::Input::kChat:
+      spec.kind = InputSpec::Kind::kChat;
+      for (const pb::ChatMessage& m : in.chat().messages()) spec.chat.push_back({m.role(), m.content()});
+      spec.add_generation_prompt =
+          in.chat().has_add_generation_prompt() ? in.chat().add_generation_prompt() : true;
+      break;
+    case pb::Input::CONTENT_NOT_SET:
+      spec.kind = InputSpec::Kind::kNone;
+      break;
+  }
+  if (in.has_add_special_tokens()) spec.add_special_tokens = in.add_special_tokens();
+  return spec;
+}
+
+// Request overrides on top of the server defaults; unknown names -> INVALID_ARGUMENT.
+absl::StatusOr<compression::CompressionConfig> ToConfig(const pb::CompressionConfig& c,
+                                                        const compression::CompressionConfig& defaults) {
+  compression::CompressionConfig cfg = defaults;
+  if (c.has_policy()) {
+    absl::StatusOr<compression::PolicyKind> kind = compression::ParsePolicyKind(c.policy());
+    if (!kind.ok()) {
+      std::vector<std::string> names;
+      for (compression::PolicyKind k : compression::AllPolicies()) names.emplace_back(compression::PolicyName(k));
+      return absl::InvalidArgumentError(absl::StrCat("compression.policy: unknown policy '", c.policy(),
+                                                     "'; one of ", absl::StrJoin(names, ", ")));
+    }
+    cfg.policy = *kind;
+  }
+  if (c.has_budget()) cfg.budget = c.budget();
+  if (c.has_lookahead()) cfg.lookahead = c.lookahead();
+  if (c.has_workspace()) cfg.workspace = c.workspace();
+  if (c.has_window()) cfg.stage2_window = c.window();
+  if (c.has_bootstrap()) {
+    absl::StatusOr<compression::Bootstrap> b = compression::ParseBootstrap(c.bootstrap());
+    if (!b.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("compression.bootstrap: unknown bootstrap '",
+                                                     c.bootstrap(), "'; one of proposals, snapkv"));
+    }
+    cfg.bootstrap = *b;
+  }
+  if (c.has_repair()) cfg.repair = c.repair();
+  if (c.has_snapkv_window()) cfg.snapkv_window = c.snapkv_window();
+  if (c.has_snapkv_kernel()) cfg.snapkv_kernel = c.snapkv_kernel();
+  return cfg;
+}
+
+// ---- native -> proto ----
+
+void FillConfig(const compression::CompressionConfig& cfg, pb::CompressionConfig* out) {
+  out->set_policy(std::string(compression::PolicyName(cfg.policy)));
+  out->set_budget(cfg.budget);
+  out->set_lookahead(cfg.lookahead);
+  out->set_workspace(cfg.EffectiveWorkspace());
+  out->set_window(cfg.stage2_window);
+  out->set_bootstrap(std::string(compression::BootstrapName(cfg.bootstrap)));
+  out->set_repair(cfg.repair);
+  out->set_snapkv_window(cfg.snapkv_window);
+  out->set_snapkv_kernel(cfg.snapkv_kernel);
+}
+
+void FillReport(const compression::CompressionReport& r, pb::CompressionReport* out) {
+  FillConfig(r.config, out->mutable_config());
+  out->set_context_tokens(r.context_tokens);
+  out->set_num_layers(r.num_layers);
+  out->set_num_kv_heads(r.num_kv_heads);
+  for (int64_t n : r.retained_per_layer) out->add_retained_per_layer(n);
+  out->set_retained_entries(r.retained_entries);
+  out->set_total_entries(r.total_entries);
+  out->set_retained_kv_bytes(r.retained_kv_bytes);
+  out->set_full_kv_bytes(r.full_kv_bytes);
+  for (const compression::PhaseTime& p : r.phases) {
+    pb::PhaseTime* pt = out->add_phases();
+    pt->set_phase(p.phase);
+    pt->set_seconds(p.seconds);
+  }
+  out->set_forward_passes(r.forward_passes);
+  out->set_scoring_passes(r.scoring_passes);
+  out->set_evicted(r.evicted);
+  out->set_overlap_w1_w2(r.overlap_w1_w2);
+  out->set_overlap_w1_final(r.overlap_w1_final);
+  out->set_overlap_w2_final(r.overlap_w2_final);
+  for (int t : r.lookahead_tokens) out->add_lookahead_tokens(t);
+  out->set_total_seconds(r.TotalSeconds(/*include_prefill=*/true));
+  out->set_lookahead_seconds(r.SecondsOf("bootstrap") + r.SecondsOf("round1") + r.SecondsOf("repair") +
+                             r.SecondsOf("round2"));
+}
+
+void FillSession(const SessionInfo& s, pb::Session* out) {
+  out->set_id(s.id);
+  out->set_tokens_seen(s.tokens_seen);
+  out->set_retained_entries(s.retained_entries);
+  out->set_retained_kv_bytes(s.retained_kv_bytes);
+  out->set_full_kv_bytes(s.full_kv_bytes);
+  out->set_bytes_saved(s.full_kv_bytes - s.retained_kv_bytes);
+  out->set_compression_ratio(s.full_kv_bytes > 0 ? static_cast<double>(s.retained_kv_bytes) / s.full_kv_bytes
+                                                 : 1.0);
+  FillConfig(s.config, out->mutable_compression());
+  FillReport(s.last_report, out->mutable_last_report());
+  out->set_created_unix_ms(absl::ToUnixMillis(s.created));
+  out->set_last_used_unix_ms(absl::ToUnixMillis(s.last_used));
+  out->set_ttl_seconds(absl::ToInt64Seconds(s.ttl));
+  out->set_busy(s.busy);
+}
+
+void FillLayers(const std::vector<LayerCacheInfo>& layers, google::protobuf::RepeatedPtrField<pb::LayerCache>* out) {
+  for (size_t l = 0; l < layers.size(); ++l) {
+    pb::LayerCache* lc = out->Add();
+    lc->set_layer(static_cast<int>(l));
+    lc->set_retained(layers[l].retained);
+    lc->set_kv_bytes(layers[l].kv_bytes);
+    for (size_t g = 0; g < layers[l].groups.size(); ++g) {
+      const GroupCache& gc = layers[l].groups[g];
+      pb::KvGroupCache* o = lc->add_groups();
+      o->set_group(static_cast<int>(g));
+      o->set_retained(gc.retained);
+      o->set_kv_bytes(gc.kv_bytes);
+      for (int64_t p : gc.positions) o->add_positions(p);
+    }
+  }
+}
+
+std::optional<absl::Duration> ToTtl(bool has, int64_t seconds) {
+  if (!has) return std::nullopt;
+  return absl::Seconds(seconds);
+}
+
+// ---- reactors ----
+
+// A server-streaming call: messages queued from any thread, one write in flight.
+template <typename Response>
+class StreamReactor : public grpc::ServerWriteReactor<Response> {
+ public:
+  StreamReactor(EchoKvService* service, const char* method, bool counted)
+      : service_(service), method_(method), counted_(counted) {}
+
+  CancelFlag cancel() const { return cancel_; }
+
+  // Queues one message (any thread; never blocks).
+  void Push(Response message) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (closing_ || broken_) return;
+      queue_.push_back(std::move(message));
+    }
+    Pump();
+  }
+
+  // Ends the call once the queued messages are written (all dropped on error).
+  void Close(const absl::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (closing_) return;
+      closing_ = true;
+      status_ = ToGrpcStatus(status);
+      if (!status.ok()) queue_.clear();
+    }
+    Pump();
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) {  // the client went away: stop the work, drop what is queued
+        broken_ = true;
+        queue_.clear();
+        cancel_->store(true);
+      }
+    }
+    Pump();
+  }
+
+  void OnCancel() override { cancel_->store(true); }
+
+  void OnDone() override {
+    if (service_->metrics() != nullptr) service_->metrics()->OnRequest(method_, CodeName(status_.error_code()));
+    if (counted_) service_->ReleaseStream();
+    delete this;
+  }
+
+ private:
+  // Starts the next write or the Finish, outside the lock.
+  void Pump() {
+    enum class Action { kNone, kWrite, kFinish };
+    Action action = Action::kNone;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || writing_) return;
+      if (!queue_.empty()) {
+        current_ = std::move(queue_.front());
+        queue_.pop_front();
+        writing_ = true;
+        action = Action::kWrite;
+      } else if (closing_) {
+        finished_ = true;
+        action = Action::kFinish;
+      }
+    }
+    switch (action) {
+      case Action::kWrite:
+        this->StartWrite(&current_);
+        break;
+      case Action::kFinish:
+        this->Finish(status_);
+        break;
+      case Action::kNone:
+        break;
+    }
+  }
+
+  EchoKvService* service_;       // not owned
+  const char* method_;           // RPC name for metrics
+  bool counted_;                 // holds a stream slot
+  CancelFlag cancel_ = std::make_shared<std::atomic<bool>>(false);  // shared with the engine job
+  absl::Mutex mu_;
+  std::deque<Response> queue_ ABSL_GUARDED_BY(mu_);  // messages not yet written
+  Response current_;             // the write in flight (touched only by the writer)
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;        // a write is in flight
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;        // Close was called
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;         // a write failed
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;       // Finish was called
+  grpc::Status status_;          // set once by Close, read after finished_
+};
+
+// A unary call; Done() from any thread.
+class UnaryReactor : public grpc::ServerUnaryReactor {
+ public:
+  UnaryReactor(EchoKvService* service, const char* method, bool counted)
+      : service_(service), method_(method), counted_(counted) {}
+  CancelFlag cancel() const { return cancel_; }
+  void Done(const absl::Status& status) {
+    code_ = ToGrpcStatus(status).error_code();
+    Finish(ToGrpcStatus(status));
+  }
+  void OnCancel() override { cancel_->store(true); }
+  void OnDone() override {
+    if (service_->metrics() != nullptr) service_->metrics()->OnRequest(method_, CodeName(code_));
+    if (counted_) service_->ReleaseStream();
+    delete this;
+  }
+
+ private:
+  EchoKvService* service_;       // not owned
+  const char* method_;           // RPC name for metrics
+  bool counted_;                 // holds a stream slot
+  CancelFlag cancel_ = std::make_shared<std::atomic<bool>>(false);
+  grpc::StatusCode code_ = grpc::StatusCode::OK;  // written before Finish
+};
+
+absl::Status TooManyStreams() {
+  return absl::ResourceExhaustedError(
+      "max_concurrent_streams reached: too many streaming calls in flight; retry later");
+}
+
+}  // namespace
+
+EchoKvService::EchoKvService(Engine* engine, Metrics* metrics) : engine_(engine), metrics_(metrics) {}
+
+bool EchoKvService::AcquireStream() {
+  const int max = engine_->facts().limits.max_concurrent_streams;
+  if (streams_.fetch_add(1) >= max) {
+    streams_.fetch_sub(1);
+    return false;
+  }
+  if (metrics_ != nullptr) metrics_->OnStreamDelta(1);
+  return true;
+}
+
+void EchoKvService::ReleaseStream() {
+  streams_.fetch_sub(1);
+  if (metrics_ != nullptr) metrics_->OnStreamDelta(-1);
+}
+
+grpc::ServerUnaryReactor* EchoKvService::GetServerInfo(grpc::CallbackServerContext* ctx,
+                                                       const v1::GetServerInfoRequest* request,
+                                                       v1::ServerInfo* response) {
+  auto* reactor = new UnaryReactor(this, "GetServerInfo", false);
+  const ServerFacts& f = engine_->facts();
+  response->set_version(f.version);
+  pb::ModelInfo* m = response->mutable_model();
+  m->set_model_type(f.model_type);
+  m->set_path(f.model_name);
+  m->set_num_layers(f.num_layers);
+  m->set_num_heads(f.num_heads);
+  m->set_num_kv_heads(f.num_kv_heads);
+  m->set_head_dim(f.head_dim);
+  m->set_hidden_size(f.hidden_size);
+  m->set_vocab_size(f.vocab_size);
+  m->set_max_context(f.max_context);
+  m->set_tokenizer(f.tokenizer_kind);
+  m->set_chat_template(f.chat_template);
+  m->set_kv_bytes_per_token(f.kv_bytes_per_token);
+  response->set_device(f.device);
+  response->set_dtype(f.dtype);
+  for (const std::string& p : f.policies) response->add_policies(p);
+  FillConfig(f.default_compression, response->mutable_default_compression());
+  pb::Limits* l = response->mutable_limits();
+  l->set_max_context_tokens(f.limits.max_context_tokens);
+  l->set_max_new_tokens(f.limits.max_new_tokens);
+  l->set_max_sessions(f.limits.max_sessions);
+  l->set_max_kv_bytes(f.limits.max_kv_bytes);
+  l->set_session_ttl_seconds(absl::ToInt64Seconds(f.limits.session_ttl));
+  l->set_max_session_ttl_seconds(absl::ToInt64Seconds(f.limits.max_session_ttl));
+  l->set_max_concurrent_streams(f.limits.max_concurrent_streams);
+  l->set_max_request_bytes(f.limits.max_request_bytes);
+  engine_->ListSessions([reactor, response](absl::StatusOr<std::vector<SessionInfo>> sessions) {
+    if (sessions.ok()) {
+      int64_t bytes = 0;
+      for (const SessionInfo& s : *sessions) bytes += s.retained_kv_bytes;
+      response->set_live_sessions(static_cast<int>(sessions->size()));
+      response->set_live_retained_kv_bytes(bytes);
+    }
+    reactor->Done(absl::OkStatus());  // facts never fail; live counts are best effort
+  });
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::SessionProgress>* EchoKvService::CreateSession(
+    grpc::CallbackServerContext* ctx, const v1::CreateSessionRequest* request) {
+  const bool counted = AcquireStream();
+  auto* reactor = new StreamReactor<pb::SessionProgress>(this, "CreateSession", counted);
+  if (!counted) {
+    if (metrics_ != nullptr) metrics_->OnSessionRejected("max_concurrent_streams");
+    reactor->Close(TooManyStreams());
+    return reactor;
+  }
+  absl::StatusOr<compression::CompressionConfig> cfg =
+      ToConfig(request->compression(), engine_->facts().default_compression);
+  if (!cfg.ok()) {
+    reactor->Close(cfg.status());
+    return reactor;
+  }
+  engine_->CreateSession(
+      ToInput(request->input()), *cfg, ToTtl(request->has_ttl_seconds(), request->ttl_seconds()),
+      reactor->cancel(),
+      [reactor](const ProgressEvent& p) {
+        pb::SessionProgress msg;
+        pb::SessionProgress::Progress* pr = msg.mutable_progress();
+        pr->set_phase(p.phase);
+        pr->set_done(p.done);
+        pr->set_total(p.total);
+        pr->set_elapsed_seconds(p.elapsed_seconds);
+        reactor->Push(std::move(msg));
+      },
+      [reactor](absl::StatusOr<SessionInfo> s) {
+        if (!s.ok()) return reactor->Close(s.status());
+        pb::SessionProgress msg;
+        FillSession(*s, msg.mutable_session());
+        reactor->Push(std::move(msg));
+        reactor->Close(absl::OkStatus());
+      });
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::SessionProgress>* EchoKvService::AppendToSession(
+    grpc::CallbackServerContext* ctx, const v1::AppendToSessionRequest* request) {
+  const bool counted = AcquireStream();
+  auto* reactor = new StreamReactor<pb::SessionProgress>(this, "AppendToSession", counted);
+  if (!counted) {
+    reactor->Close(TooManyStreams());
+    return reactor;
+  }
+  engine_->AppendToSession(
+      request->session_id(), ToInput(request->input()), reactor->cancel(),
+      [reactor](const ProgressEvent& p) {
+        pb::SessionProgress msg;
+        pb::SessionProgress::Progress* pr = msg.mutable_progress();
+        pr->set_phase(p.phase);
+        pr->set_done(p.done);
+        pr->set_total(p.total);
+        pr->set_elapsed_seconds(p.elapsed_seconds);
+        reactor->Push(std::move(msg));
+      },
+      [reactor](absl::StatusOr<SessionInfo> s) {
+        if (!s.ok()) return reactor->Close(s.status());
+        pb::SessionProgress msg;
+        FillSession(*s, msg.mutable_session());
+        reactor->Push(std::move(msg));
+        reactor->Close(absl::OkStatus());
+      });
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* EchoKvService::Generate(grpc::CallbackServerContext* ctx,
+                                                                        const v1::GenerateRequest* request) {
+  const bool counted = AcquireStream();
+  auto* reactor = new StreamReactor<pb::GenerateResponse>(this, "Generate", counted);
+  if (!counted) {
+    reactor->Close(TooManyStreams());
+    return reactor;
+  }
+  const ServerFacts& f = engine_->facts();
+  GenerateParams p;
+  p.session_id = request->session_id();
+  p.max_tokens = request->has_max_tokens() ? request->max_tokens() : std::min(128, f.limits.max_new_tokens);
+  const pb::SamplingParams& sp = request->sampling();
+  if (sp.has_temperature()) p.sampling.temperature = sp.temperature();
+  if (sp.has_top_p()) p.sampling.top_p = sp.top_p();
+  if (sp.has_top_k()) p.sampling.top_k = sp.top_k();
+  if (sp.has_seed()) p.sampling.seed = sp.seed();
+  p.stop.assign(request->stop().begin(), request->stop().end());
+  p.stop_ids.assign(request->stop_token_ids().begin(), request->stop_token_ids().end());
+  p.ignore_eos = request->ignore_eos();
+  p.commit = request->commit();
+  engine_->Generate(
+      std::move(p), reactor->cancel(),
+      [reactor](GenerateDelta d) {
+        pb::GenerateResponse msg;
+        msg.set_text(std::move(d.text));
+        for (int id : d.ids) msg.add_token_ids(id);
+        reactor->Push(std::move(msg));
+      },
+      [reactor](absl::StatusOr<GenerateSummary> s) {
+        if (!s.ok()) return reactor->Close(s.status());
+        pb::GenerateResponse msg;
+        pb::GenerateResponse::Final* fin = msg.mutable_final();
+        switch (s->reason) {
+          case FinishReason::kLength: fin->set_finish_reason(pb::GenerateResponse::Final::LENGTH); break;
+          case FinishReason::kEos: fin->set_finish_reason(pb::GenerateResponse::Final::EOS); break;
+          case FinishReason::kStopToken: fin->set_finish_reason(pb::GenerateResponse::Final::STOP_TOKEN); break;
+          case FinishReason::kStopString: fin->set_finish_reason(pb::GenerateResponse::Final::STOP_STRING); break;
+        }
+        fin->set_prompt_tokens(s->prompt_tokens);
+        fin->set_generated_tokens(s->generated_tokens);
+        fin->set_time_to_first_token_seconds(s->time_to_first_token_seconds);
+        fin->set_tokens_per_second(s->tokens_per_second);
+        fin->set_total_seconds(s->total_seconds);
+        if (s->session.has_value()) FillSession(*s->session, fin->mutable_session());
+        reactor->Push(std::move(msg));
+        reactor->Close(absl::OkStatus());
+      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* EchoKvService::ForkSession(grpc::CallbackServerContext* ctx,
+                                                     const v1::ForkSessionRequest* request,
+                                                     v1::Session* response) {
+  auto* reactor = new UnaryReactor(this, "ForkSession", false);
+  engine_->ForkSession(request->session_id(), ToTtl(request->has_ttl_seconds(), request->ttl_seconds()),
+                       [reactor, response](absl::StatusOr<SessionInfo> s) {
+                         if (s.ok()) FillSession(*s, response);
+                         reactor->Done(s.status());
+                       });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* EchoKvService::GetSession(grpc::CallbackServerContext* ctx,
+                                                    const v1::GetSessionRequest* request,
+                                                    v1::Session* response) {
+  auto* reactor = new UnaryReactor(this, "GetSession", false);
+  engine_->GetSession(request->session_id(), [reactor, response](absl::StatusOr<SessionInfo> s) {
+    if (s.ok()) FillSession(*s, response);
+    reactor->Done(s.status());
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* EchoKvService::ListSessions(grpc::CallbackServerContext* ctx,
+                                                      const v1::ListSessionsRequest* request,
+                                                      v1::ListSessionsResponse* response) {
+  auto* reactor = new UnaryReactor(this, "ListSessions", false);
+  engine_->ListSessions([reactor, response](absl::StatusOr<std::vector<SessionInfo>> s) {
+    if (s.ok()) {
+      for (const SessionInfo& info : *s) FillSession(info, response->add_sessions());
+    }
+    reactor->Done(s.status());
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* EchoKvService::DeleteSession(grpc::CallbackServerContext* ctx,
+                                                       const v1::DeleteSessionRequest* request,
+                                                       v1::DeleteSessionResponse* response) {
+  auto* reactor = new UnaryReactor(this, "DeleteSession", false);
+  engine_->DeleteSession(request->session_id(), [reactor, response](absl::StatusOr<int64_t> freed) {
+    if (freed.ok()) response->set_freed_kv_bytes(*freed);
+    reactor->Done(freed.status());
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* EchoKvService::InspectCache(grpc::CallbackServerContext* ctx,
+                                                      const v1::InspectCacheRequest* request,
+                                                      v1::InspectCacheResponse* response) {
+  auto* reactor = new UnaryReactor(this, "InspectCache", false);
+  engine_->InspectCache(request->session_id(), request->include_positions(),
+                        [reactor, response](absl::StatusOr<CacheInspection> c) {
+                          if (c.ok()) {
+                            FillSession(c->session, response->mutable_session());
+                            FillLayers(c->layers, response->mutable_layers());
+                            response->set_total_retained_entries(c->total_retained_entries);
+                            response->set_total_kv_bytes(c->total_kv_bytes);
+                            response->set_full_equivalent_kv_bytes(c->full_equivalent_kv_bytes);
+                            response->set_position_bytes(c->position_bytes);
+                            FillReport(c->session.last_report, response->mutable_last_report());
+                          }
+                          reactor->Done(c.status());
+                        });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* EchoKvService::Compress(grpc::CallbackServerContext* ctx,
+                                                  const v1::CompressRequest* request,
+                                                  v1::CompressResponse* response) {
+  const bool counted = AcquireStream();
+  auto* reactor = new UnaryReactor(this, "Compress", counted);
+  if (!counted) {
+    reactor->Done(TooManyStreams());
+    return reactor;
+  }
+  absl::StatusOr<compression::CompressionConfig> cfg =
+      ToConfig(request->compression(), engine_->facts().default_compression);
+  if (!cfg.ok()) {
+    reactor->Done(cfg.status());
+    return reactor;
+  }
+  engine_->Compress(ToInput(request->input()), *cfg, reactor->cancel(),
+                    [reactor, response](absl::StatusOr<CompressOutcome> c) {
+                      if (c.ok()) {
+                        FillLayers(c->layers, response->mutable_layers());
+                        FillReport(c->report, response->mutable_report());
+                        response->set_context_tokens(c->context_tokens);
+                      }
+                      reactor->Done(c.status());
+                    });
+  return reactor;
+}
+
+}  // namespace echokv::server

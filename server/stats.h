@@ -1,0 +1,58 @@
+// Plain stats the engine reports (DESIGN.md rule 10): no Prometheus here. The server's
+// Metrics class implements EngineObserver and turns these into prometheus-cpp families.
+// Nothing here carries a session id.
+//
+//   class CountingObserver : public EngineObserver { ... };   // tests
+//   CountingObserver obs;
+//   auto engine = Engine::Create(config, &obs);
+#ifndef ECHOKV_SERVER_STATS_H_
+#define ECHOKV_SERVER_STATS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "compression/report.h"
+
+namespace echokv::server {
+
+// One finished compression (CreateSession, AppendToSession, commit, Compress).
+struct CompressionStats {
+  std::string policy;                          // "echokv", ...
+  std::vector<compression::PhaseTime> phases;  // including "prefill"
+  bool evicted = false;
+  bool lookahead_policy = false;               // laq / echokv
+  double lookahead_seconds = 0;                // bootstrap + round1 + repair + round2
+  double prefill_seconds = 0;
+  int64_t prompt_tokens = 0;                   // tokens prefilled
+  int64_t evicted_kv_bytes = 0;                // bytes dropped by this compression
+  double ratio = 1;                            // retained / full bytes of the result
+};
+
+// Live totals, reported after every change.
+struct EngineGauges {
+  int live_sessions = 0;
+  int64_t retained_kv_bytes = 0;
+  int64_t full_kv_bytes = 0;       // what full caches of the same sessions would hold
+  int queue_depth = 0;
+  int active_generations = 0;
+};
+
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  virtual void OnCompression(const CompressionStats& stats) = 0;
+  virtual void OnFirstToken(double seconds) = 0;   // admission -> first token
+  virtual void OnInterToken(double seconds) = 0;   // between two tokens of one stream
+  virtual void OnGeneratedTokens(int64_t n) = 0;
+  virtual void OnSessionCreated() = 0;
+  virtual void OnSessionExpired() = 0;
+  // A session admission refused by a limit ("max_sessions", "max_kv_bytes", ...).
+  virtual void OnSessionRejected(absl::string_view limit) = 0;
+  virtual void OnGauges(const EngineGauges& gauges) = 0;
+};
+
+}  // namespace echokv::server
+
+#endif  // ECHOKV_SERVER_STATS_H_
