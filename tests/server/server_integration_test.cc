@@ -254,6 +254,30 @@ std::string* ServerTest::model_dir_ = nullptr;
 ServerProcess* ServerTest::server_ = nullptr;
 Offline* ServerTest::offline_ = nullptr;
 
+// Runs echokv-generate --json (the offline CLI, a separate process) and returns its
+// output_ids; empty on failure (the test then fails on the comparison).
+std::vector<int> GenerateCliIds(const std::string& model, const std::string& prompt, const std::string& policy,
+                                int budget, int max_tokens) {
+  const std::string prompt_file = MakeTempDir("echokv_gen_cli") + "/prompt.txt";
+  WriteFileOrDie(prompt_file, prompt);
+  const std::string cmd = absl::StrCat(ECHOKV_GENERATE_BIN, " --model '", model, "' --prompt \"$(cat '", prompt_file,
+                                       "')\" --max-tokens ", max_tokens, " --policy ", policy, " --budget ", budget,
+                                       " --threads 1 --json");
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while (p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  if (p == nullptr || pclose(p) != 0) return {};
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex("\"output_ids\":\\[([0-9,]*)\\]"))) return {};
+  std::vector<int> ids;
+  for (absl::string_view part : absl::StrSplit(m[1].str(), ',', absl::SkipEmpty())) {
+    ids.push_back(std::stoi(std::string(part)));
+  }
+  return ids;
+}
+
 TEST_F(ServerTest, GreedyStreamEqualsOfflineForEveryPolicy) {
   const std::string prompt = LongPrompt(0);
   ASSERT_GT(offline_->Tokens(prompt), 250);
@@ -270,6 +294,8 @@ TEST_F(ServerTest, GreedyStreamEqualsOfflineForEveryPolicy) {
     const std::vector<int> expected = offline_->Greedy(prompt, kind, 64, 24);
     EXPECT_EQ(g.ids, expected);
     EXPECT_EQ(g.text, offline_->Decode(expected));
+    // And the same as the offline CLI a user would run (issue: `echokv-generate --json`).
+    EXPECT_EQ(g.ids, GenerateCliIds(*model_dir_, prompt, name, 64, 24));
     EXPECT_EQ(g.final.generated_tokens(), 24);
     EXPECT_EQ(g.final.finish_reason(), pb::GenerateResponse::Final::LENGTH);
     if (kind != compression::PolicyKind::kFull) {
