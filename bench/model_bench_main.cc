@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "common/env.h"
 #include "common/flag_names.h"
 #include "common/logging.h"
 #include "model/sampler.h"
@@ -38,8 +39,8 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 }
 
 // Runs the C reference and returns its decode tokens/s (0 on failure).
-double RunLlama2c(const std::string& bin, const std::string& dir, int context, int decode) {
-  std::string cmd = bin + " --model '" + dir + "' --context " + std::to_string(context) + " --decode " +
+double RunLlama2c(const std::string& bin, const std::string& dir, int context, int decode, int threads) {
+  std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " " + bin + " --model '" + dir + "' --context " + std::to_string(context) + " --decode " +
                     std::to_string(decode) + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return 0;
@@ -81,9 +82,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   const auto& cfg = (*model)->config();
-  std::printf("model %s: %d layers, hidden %d, %d/%d heads, vocab %d; LibTorch threads %d\n", dir.c_str(),
-              cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size,
-              at::get_num_threads());
+  const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : echokv::DefaultThreadCount();
+  std::printf("model %s: %d layers, hidden %d, %d/%d heads, vocab %d; %d threads (the C baseline gets the same)\n",
+              dir.c_str(), cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size, threads);
   std::printf("%-8s %14s %14s %16s %8s %16s %8s\n", "context", "prefill tok/s", "decode tok/s", "llama2c -O3",
               "ratio", "llama2c -Ofast", "ratio");
   for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_contexts), ',')) {
@@ -119,7 +120,7 @@ int main(int argc, char** argv) {
     const double decode_tps = decode / Seconds(t1, t2);
     std::printf("%-8d %14.1f %14.1f", context, prefill_tps, decode_tps);
     for (const std::string& bin : {absl::GetFlag(FLAGS_llama2c), absl::GetFlag(FLAGS_llama2c_fast)}) {
-      const double ref = bin.empty() ? 0 : RunLlama2c(bin, dir, context, decode);
+      const double ref = bin.empty() ? 0 : RunLlama2c(bin, dir, context, decode, threads);
       if (ref > 0) {
         std::printf(" %16.1f %7.2fx", ref, decode_tps / ref);
       } else {

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
@@ -46,17 +47,64 @@ at::ScalarType ToScalarType(DType d) {
 
 std::string ErrorText(const c10::Error& e) { return e.what_without_backtrace(); }
 
+// One busy thread pool at a time. Debian's LibTorch runs its intra-op work on OpenMP
+// and its matrix products on OpenBLAS (pthread build), whose workers spin after each
+// call. With both pools sized to the cores they fight for them: on 2 cores, prefill of
+// the 40M bench model ran at 557 tok/s with 2+2 threads vs 2221 tok/s with OpenMP 1 +
+// OpenBLAS 2 (the eval run: 187 s vs 21 s). So the batched path (Forward: matrix
+// products) gives OpenBLAS the threads and OpenMP one, and the decode fast path (our
+// own loops, no BLAS) gives OpenMP the threads. Only the engine thread computes, so
+// switching per call is safe; without OpenBLAS, LibTorch's pool always has them.
+class ThreadPools {
+ public:
+  explicit ThreadPools(int threads)
+      : threads_(threads),
+        openblas_set_(reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {}
+  void ForBatched() {
+    if (openblas_set_ == nullptr) return SetOpenMp(threads_);
+    SetOpenMp(1);
+    SetOpenBlas(threads_);
+  }
+  void ForDecodeLoops() {
+    SetOpenMp(threads_);
+    if (openblas_set_ != nullptr) SetOpenBlas(1);
+  }
+  const char* Describe() const {
+    return openblas_set_ != nullptr ? "OpenBLAS pool for batched products, OpenMP pool for decode loops"
+                                    : "LibTorch pool";
+  }
+
+ private:
+  using SetThreadsFn = void (*)(int);
+  static void SetOpenMp(int n) {
+    if (at::get_num_threads() != n) at::set_num_threads(n);
+  }
+  void SetOpenBlas(int n) {
+    if (openblas_threads_ != n) openblas_set_(n);
+    openblas_threads_ = n;
+  }
+  int threads_;                   // threads the user asked for
+  SetThreadsFn openblas_set_;     // openblas_set_num_threads, or null for another BLAS
+  int openblas_threads_ = -1;     // last value given to OpenBLAS
+};
+
 // ---- CPU float32 decode fast path: plain loops, no per-op dispatch. ----
 
-// Dot product of n floats. Eight independent accumulators let the compiler use
-// SIMD without -ffast-math; target_clones adds an AVX2+FMA version picked at load.
-__attribute__((target_clones("default", "arch=haswell"))) float Dot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+// Dot product of n floats. 32 independent accumulators give the compiler several
+// vector registers to keep FMAs in flight without -ffast-math; target_clones adds
+// AVX2+FMA and AVX-512 versions picked at load time.
+__attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) float Dot(const float* a, const float* b,
+                                                                                      int64_t n) {
+  constexpr int kLanes = 32;
+  float acc[kLanes] = {};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
   }
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (int width = kLanes / 2; width >= 1; width /= 2) {
+    for (int j = 0; j < width; ++j) acc[j] += acc[j + width];
+  }
+  float s = acc[0];
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
@@ -93,10 +141,12 @@ __attribute__((target_clones("default", "arch=haswell"))) void WeightedSumRows(c
 // y[rows] = W[rows, cols] x[cols] (+ bias); rows split over the intra-op pool when
 // the matrix is large enough to pay for it.
 void MatVec(const float* w, const float* x, const float* bias, int64_t rows, int64_t cols, float* y) {
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(cols, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) y[r] = Dot(w + r * cols, x, cols) + (bias ? bias[r] : 0.0f);
-  });
+  if (rows * cols < (int64_t{1} << 16)) {
+    for (int64_t r = 0; r < rows; ++r) y[r] = Dot(w + r * cols, x, cols) + (bias ? bias[r] : 0.0f);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) y[r] = Dot(w + r * cols, x, cols) + (bias ? bias[r] : 0.0f);
 }
 
 void RmsNormRow(const float* x, const float* w, int64_t n, double eps, float* out) {
@@ -159,6 +209,7 @@ struct Transformer::Impl {
   at::Tensor final_norm;           // [D]
   at::Tensor lm_head;              // [V, D] (the embedding when tied)
   at::Tensor inv_freq;             // [d/2] float32 CPU
+  std::unique_ptr<ThreadPools> pools;  // which pool gets the threads, per path
 
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
     // HF LlamaRMSNorm: normalise in float32, cast back, then scale.
@@ -247,27 +298,26 @@ struct Transformer::Impl {
       const float* vd = cache->ValueData(l);
       const int64_t stride = cache->GroupStride(l);
       const bool window = c.UsesSlidingWindow(l);
-      at::parallel_for(0, H, std::max<int64_t>(1, 4096 / std::max<int64_t>(n * d, 1)), [&](int64_t hb, int64_t he) {
+      // Heads split over the OpenMP pool when there is enough work per head.
+#pragma omp parallel for schedule(static) if (n * d >= 4096)
+      for (int64_t hh = 0; hh < H; ++hh) {
         std::vector<float> scores(n);
-        for (int64_t hh = hb; hh < he; ++hh) {
-          const int64_t g = hh / r;
+        const int64_t g = hh / r;
+        ScoreRows(q + hh * d, kd + g * stride, n, d, scale, scores.data());
+        if (window) {
           const std::vector<int64_t>& kpos = cache->cells().positions(l, static_cast<int>(g));
-          const float* qh = q + hh * d;
-          ScoreRows(qh, kd + g * stride, n, d, scale, scores.data());
-          if (window) {
-            for (int64_t j = 0; j < n; ++j) {
-              if (pos - kpos[j] >= c.sliding_window) scores[j] = -std::numeric_limits<float>::infinity();
-            }
+          for (int64_t j = 0; j < n; ++j) {
+            if (pos - kpos[j] >= c.sliding_window) scores[j] = -std::numeric_limits<float>::infinity();
           }
-          float mx = -std::numeric_limits<float>::infinity();
-          for (int64_t j = 0; j < n; ++j) mx = std::max(mx, scores[j]);
-          float den = 0;
-          for (int64_t j = 0; j < n; ++j) den += (scores[j] = std::exp(scores[j] - mx));
-          const float inv_den = 1.0f / den;
-          for (int64_t j = 0; j < n; ++j) scores[j] *= inv_den;
-          WeightedSumRows(scores.data(), vd + g * stride, n, d, attn.data() + hh * d);
         }
-      });
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < n; ++j) mx = std::max(mx, scores[j]);
+        float den = 0;
+        for (int64_t j = 0; j < n; ++j) den += (scores[j] = std::exp(scores[j] - mx));
+        const float inv_den = 1.0f / den;
+        for (int64_t j = 0; j < n; ++j) scores[j] *= inv_den;
+        WeightedSumRows(scores.data(), vd + g * stride, n, d, attn.data() + hh * d);
+      }
       MatVec(w.wo.data_ptr<float>(), attn.data(), w.bo.defined() ? w.bo.data_ptr<float>() : nullptr, D, H * d,
              o.data());
       for (int64_t i = 0; i < D; ++i) x[i] += o[i];
@@ -313,9 +363,10 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
   ECHOKV_RETURN_IF_ERROR(ValidateCheckpoint(checkpoint, config));
   ECHOKV_ASSIGN_OR_RETURN(at::ScalarType dtype, ParseDType(device.dtype));
   const int threads = device.num_threads > 0 ? device.num_threads : DefaultThreadCount();
-  if (at::get_num_threads() != threads) at::set_num_threads(threads);
 
   auto impl = std::make_unique<Impl>();
+  impl->pools = std::make_unique<ThreadPools>(threads);
+  impl->pools->ForBatched();
   impl->config = config;
   impl->device_options = device;
   try {
@@ -356,7 +407,7 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
   ECHOKV_LOG(INFO) << "loaded " << ModelTypeName(config.type) << " model: " << config.num_layers << " layers, "
                    << config.num_heads << "/" << config.num_kv_heads << " heads, d=" << config.head_dim
                    << ", vocab " << config.vocab_size << " on " << device.device << " " << device.dtype << ", "
-                   << threads << " threads";
+                   << threads << " threads (" << impl->pools->Describe() << ")";
   return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
 }
 
@@ -384,6 +435,7 @@ absl::StatusOr<ForwardResult> Transformer::Forward(absl::Span<const int> tokens,
   const int64_t keep = options.keep_last_queries < 0 ? total : std::min<int64_t>(options.keep_last_queries, total);
   const int64_t keep_from = total - keep;  // token index of the first kept query
 
+  impl_->pools->ForBatched();
   ForwardResult result;
   std::vector<std::vector<at::Tensor>> kept_queries(c.num_layers);
   try {
@@ -451,6 +503,7 @@ absl::StatusOr<DecodeResult> Transformer::Decode(int token, KvCache* cache, bool
                                                      impl_->config.vocab_size, ")"));
     }
     try {
+      impl_->pools->ForDecodeLoops();
       return impl_->DecodeCpu(token, cache, return_queries);
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat("decode failed: ", ErrorText(e)));
