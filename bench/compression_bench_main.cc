@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/blas_env.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
@@ -54,6 +55,7 @@ bool ResetPeakRss() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  echokv::ConfigureBlasWorkersOrReexec(argv);
   echokv::DashedFlagArgs dashed(argc, argv);
   absl::ParseCommandLine(dashed.argc(), dashed.argv());
   FLAGS_minloglevel = 1;

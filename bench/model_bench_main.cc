@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/blas_env.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
@@ -58,6 +59,7 @@ double RunLlama2c(const std::string& bin, const std::string& dir, int context, i
 }  // namespace
 
 int main(int argc, char** argv) {
+  echokv::ConfigureBlasWorkersOrReexec(argv);
   echokv::DashedFlagArgs dashed(argc, argv);
   absl::ParseCommandLine(dashed.argc(), dashed.argv());
   echokv::InitLogging(argv[0]);

@@ -138,10 +138,14 @@ __attribute__((target_clones("default", "arch=haswell"))) void WeightedSumRows(c
   }
 }
 
-// y[rows] = W[rows, cols] x[cols] (+ bias); rows split over the intra-op pool when
+// Multiply-adds below which a decode-path loop stays on the calling thread: waking
+// the OpenMP workers costs tens of microseconds when they have gone to sleep.
+constexpr int64_t kMinParallelWork = int64_t{1} << 18;
+
+// y[rows] = W[rows, cols] x[cols] (+ bias); rows split over the OpenMP pool when
 // the matrix is large enough to pay for it.
 void MatVec(const float* w, const float* x, const float* bias, int64_t rows, int64_t cols, float* y) {
-  if (rows * cols < (int64_t{1} << 16)) {
+  if (rows * cols < kMinParallelWork) {
     for (int64_t r = 0; r < rows; ++r) y[r] = Dot(w + r * cols, x, cols) + (bias ? bias[r] : 0.0f);
     return;
   }
@@ -299,7 +303,7 @@ struct Transformer::Impl {
       const int64_t stride = cache->GroupStride(l);
       const bool window = c.UsesSlidingWindow(l);
       // Heads split over the OpenMP pool when there is enough work per head.
-#pragma omp parallel for schedule(static) if (n * d >= 4096)
+#pragma omp parallel for schedule(static) if (H * n * d >= kMinParallelWork)
       for (int64_t hh = 0; hh < H; ++hh) {
         std::vector<float> scores(n);
         const int64_t g = hh / r;

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/blas_env.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -193,6 +194,7 @@ int Run() {
 }  // namespace echokv::server
 
 int main(int argc, char** argv) {
+  echokv::ConfigureBlasWorkersOrReexec(argv);
   absl::SetProgramUsageMessage("echokv-server --model DIR [--port 50051] [--metrics-port 9090] ...");
   echokv::DashedFlagArgs dashed(argc, argv);  // --port-file as well as --port_file
   std::vector<char*> args = absl::ParseCommandLine(dashed.argc(), dashed.argv());

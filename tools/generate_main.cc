@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/blas_env.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -229,6 +230,7 @@ absl::Status Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  echokv::ConfigureBlasWorkersOrReexec(argv);
   absl::SetProgramUsageMessage(
       "echokv-generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N] [--policy NAME "
       "--budget B ...] [--json]");

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/blas_env.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -83,6 +84,7 @@ std::string FormatSeconds(double s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  echokv::ConfigureBlasWorkersOrReexec(argv);
   absl::SetProgramUsageMessage("echokv-eval --model DIR --data FILE.jsonl [--policies ...] [--budgets ...] [--out DIR]");
   absl::ParseCommandLine(argc, argv);
   echokv::InitLogging(argv[0]);
