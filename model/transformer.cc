@@ -317,7 +317,11 @@ struct Transformer::Impl {
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < n; ++j) mx = std::max(mx, scores[j]);
         float den = 0;
-        for (int64_t j = 0; j < n; ++j) den += (scores[j] = std::exp(scores[j] - mx));
+        for (int64_t j = 0; j < n; ++j) {
+          // exp underflows to 0 below -87; skipping libm's slow underflow path there.
+          const float z = scores[j] - mx;
+          den += (scores[j] = z < -87.0f ? 0.0f : std::exp(z));
+        }
         const float inv_den = 1.0f / den;
         for (int64_t j = 0; j < n; ++j) scores[j] *= inv_den;
         WeightedSumRows(scores.data(), vd + g * stride, n, d, attn.data() + hh * d);
