@@ -85,13 +85,9 @@ absl::Status RunSnapKv(const CompressionConfig& config, const CompressionInput& 
   PhaseClock clock(input, &result->report);
   const model::KvCache& ctx = *input.context;
   bool scored = false;
-  for (int l = 0; l < ctx.num_layers(); ++l) {
-    ECHOKV_ASSIGN_OR_RETURN(
-        at::Tensor idx,
-        SnapKvSelect(ctx, l, LastQueries(input, l, config.snapkv_window), config.snapkv_window,
-                     config.snapkv_kernel, config.budget, &scored));
-    result->indices.push_back(idx);
-  }
+  ECHOKV_ASSIGN_OR_RETURN(
+      result->indices,
+      SnapKvSelectLayers(config, input, std::vector<int64_t>(ctx.num_layers(), config.budget), &scored));
   result->report.scoring_passes = scored ? 1 : 0;
   clock.End("select");
   return absl::OkStatus();
@@ -105,13 +101,7 @@ absl::Status RunPyramidKv(const CompressionConfig& config, const CompressionInpu
   const std::vector<int64_t> budgets =
       PyramidKvBudgets(config.budget, config.snapkv_window, ctx.num_layers());
   bool scored = false;
-  for (int l = 0; l < ctx.num_layers(); ++l) {
-    ECHOKV_ASSIGN_OR_RETURN(
-        at::Tensor idx,
-        SnapKvSelect(ctx, l, LastQueries(input, l, config.snapkv_window), config.snapkv_window,
-                     config.snapkv_kernel, budgets[l], &scored));
-    result->indices.push_back(idx);
-  }
+  ECHOKV_ASSIGN_OR_RETURN(result->indices, SnapKvSelectLayers(config, input, budgets, &scored));
   result->report.scoring_passes = scored ? 1 : 0;
   clock.End("select");
   return absl::OkStatus();

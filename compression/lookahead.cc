@@ -79,14 +79,9 @@ absl::Status RunLaq(const CompressionConfig& config, const CompressionInput& inp
   const int64_t b1 = config.EffectiveWorkspace();
 
   // Workspace: SnapKV selection of capacity B1 (§8.7); the whole context when n <= B1.
-  std::vector<at::Tensor> workspace;
   bool scored = false;
-  for (int l = 0; l < layers; ++l) {
-    ECHOKV_ASSIGN_OR_RETURN(
-        at::Tensor w, SnapKvSelect(ctx, l, LastQueries(input, l, config.snapkv_window),
-                                   config.snapkv_window, config.snapkv_kernel, b1, &scored));
-    workspace.push_back(w);
-  }
+  ECHOKV_ASSIGN_OR_RETURN(std::vector<at::Tensor> workspace,
+                          SnapKvSelectLayers(config, input, std::vector<int64_t>(layers, b1), &scored));
   if (scored) ++report.scoring_passes;
   clock.End("bootstrap");
 
@@ -159,12 +154,7 @@ absl::Status RunEchoKv(const CompressionConfig& config, const CompressionInput& 
     ++report.scoring_passes;
   } else {
     bool scored = false;
-    for (int l = 0; l < layers; ++l) {
-      ECHOKV_ASSIGN_OR_RETURN(
-          at::Tensor ws, SnapKvSelect(ctx, l, LastQueries(input, l, config.snapkv_window),
-                                      config.snapkv_window, config.snapkv_kernel, b1, &scored));
-      w1.push_back(ws);
-    }
+    ECHOKV_ASSIGN_OR_RETURN(w1, SnapKvSelectLayers(config, input, std::vector<int64_t>(layers, b1), &scored));
     if (scored) ++report.scoring_passes;
   }
   clock.End("bootstrap");
@@ -192,14 +182,7 @@ absl::Status RunEchoKv(const CompressionConfig& config, const CompressionInput& 
   QueryLog q2(layers);
   if (config.repair) {
     ECHOKV_ASSIGN_OR_RETURN(model::KvCache view2, model::KvCache::Gather(ctx, w2));
-    for (int l = 0; l < layers; ++l) {
-      const int64_t n1 = view.size(l);
-      at::Tensor pos = view.positions(l).select(0, 0).narrow(0, n1 - half, half).contiguous();
-      std::vector<int64_t> positions(pos.data_ptr<int64_t>(), pos.data_ptr<int64_t>() + half);
-      ECHOKV_RETURN_IF_ERROR(view2.Append(l, view.keys(l).narrow(1, n1 - half, half),
-                                          view.values(l).narrow(1, n1 - half, half), positions));
-    }
-    view2.set_next_position(view.next_position());
+    ECHOKV_RETURN_IF_ERROR(view2.AppendTail(view, half));
     view = std::move(view2);
   }
   ECHOKV_RETURN_IF_ERROR(DecodeSteps(input, "round2", half, &clock, &view, &token, &q2, &report));

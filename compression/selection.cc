@@ -1,5 +1,7 @@
 #include "compression/selection.h"
 
+#include "common/status_macros.h"
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -81,6 +83,20 @@ absl::StatusOr<at::Tensor> SnapKvSelect(const model::KvCache& context, int layer
   at::Tensor group_scores = PooledPrefixGroupScores(head_scores, prefix, kernel, groups);
   if (scored != nullptr) *scored = true;
   return TopKPrefixPlusTail(group_scores, prefix, k, n);
+}
+
+absl::StatusOr<std::vector<at::Tensor>> SnapKvSelectLayers(const CompressionConfig& config,
+                                                           const CompressionInput& input,
+                                                           const std::vector<int64_t>& capacities,
+                                                           bool* scored) {
+  std::vector<at::Tensor> kept;
+  for (int l = 0; l < input.context->num_layers(); ++l) {
+    ECHOKV_ASSIGN_OR_RETURN(
+        at::Tensor idx, SnapKvSelect(*input.context, l, LastQueries(input, l, config.snapkv_window),
+                                     config.snapkv_window, config.snapkv_kernel, capacities[l], scored));
+    kept.push_back(std::move(idx));
+  }
+  return kept;
 }
 
 std::vector<int64_t> PyramidKvBudgets(int64_t budget, int64_t window, int num_layers) {

@@ -68,6 +68,13 @@ absl::StatusOr<at::Tensor> SnapKvSelect(const model::KvCache& context, int layer
                                         const WindowQueries& window_queries, int64_t window,
                                         int64_t kernel, int64_t capacity, bool* scored);
 
+// SnapKvSelect for every layer of input.context, layer l with capacity capacities[l],
+// scored by the last config.snapkv_window context queries. Sets *scored when Eq. 3 ran.
+absl::StatusOr<std::vector<at::Tensor>> SnapKvSelectLayers(const CompressionConfig& config,
+                                                           const CompressionInput& input,
+                                                           const std::vector<int64_t>& capacities,
+                                                           bool* scored);
+
 // PyramidKV per-layer budgets (window included) of ALGORITHM.md §8.4: with
 // w = min(window, budget), C = budget - w, B_min = floor(C/20), B_max = 2C - B_min,
 // layer l gets round-half-to-even(B_max - (B_max - B_min)·l/(layers-1)) + w, computed

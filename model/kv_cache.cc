@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/gather.h"
 
 namespace echokv::model {
@@ -88,6 +89,31 @@ absl::Status KvCache::Append(int layer, const at::Tensor& k, const at::Tensor& v
     return absl::InternalError(absl::StrCat("KV append failed: ", e.what_without_backtrace()));
   }
   return cells_.AppendAll(layer, positions);
+}
+
+absl::Status KvCache::AppendTail(const KvCache& src, int64_t count) {
+  if (src.num_layers() != num_layers() || src.num_kv_heads_ != num_kv_heads_ || src.head_dim_ != head_dim_) {
+    return absl::InvalidArgumentError("AppendTail: source cache has a different shape");
+  }
+  for (int l = 0; l < num_layers(); ++l) {
+    const int64_t n = src.size(l);
+    if (count < 0 || count > n) {
+      return absl::OutOfRangeError(absl::StrCat("AppendTail: ", count, " entries asked, layer ", l, " holds ", n));
+    }
+    const std::vector<int64_t>& first = src.cells_.positions(l, 0);
+    std::vector<int64_t> positions(first.end() - count, first.end());
+    for (int g = 1; g < num_kv_heads_; ++g) {
+      const std::vector<int64_t>& other = src.cells_.positions(l, g);
+      if (!std::equal(positions.begin(), positions.end(), other.end() - count)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("AppendTail: the last ", count, " entries of layer ", l, " differ between groups"));
+      }
+    }
+    ECHOKV_RETURN_IF_ERROR(Append(l, src.keys(l).narrow(1, n - count, count), src.values(l).narrow(1, n - count, count),
+                                  positions));
+  }
+  next_position_ = src.next_position_;
+  return absl::OkStatus();
 }
 
 absl::Status KvCache::AppendRow(int layer, const float* k, const float* v, int64_t position) {

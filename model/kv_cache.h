@@ -53,6 +53,12 @@ class KvCache {
   absl::Status Append(int layer, const at::Tensor& k, const at::Tensor& v,
                       absl::Span<const int64_t> positions);
 
+  // Appends, in every layer, the last `count` entries of `src` (same shape; those
+  // entries must hold the same positions in every group, as tokens appended after a
+  // compression do) and takes src's next_position. EchoKV's round 2 uses it to carry
+  // round 1's lookahead KV onto the repaired workspace.
+  absl::Status AppendTail(const KvCache& src, int64_t count);
+
   // Appends one entry to every group of `layer` from raw float32 rows (CPU float32
   // caches only; the decode fast path): k, v point at G * d floats, group-major.
   absl::Status AppendRow(int layer, const float* k, const float* v, int64_t position);

@@ -550,14 +550,7 @@ absl::StatusOr<Table1Trace> RunTable1(const model::Transformer& m, const model::
     w2.push_back(kernels::TopKIndices(GroupScores(ctx, l, at::stack(qs, 1)), b1));
   }
   ECHOKV_ASSIGN_OR_RETURN(model::KvCache view2, model::KvCache::Gather(ctx, w2));
-  for (int l = 0; l < layers; ++l) {
-    const int64_t n1 = view.size(l);
-    at::Tensor pos = view.positions(l).select(0, 0).narrow(0, n1 - half, half).contiguous();
-    std::vector<int64_t> positions(pos.data_ptr<int64_t>(), pos.data_ptr<int64_t>() + half);
-    ECHOKV_RETURN_IF_ERROR(view2.Append(l, view.keys(l).narrow(1, n1 - half, half),
-                                        view.values(l).narrow(1, n1 - half, half), positions));
-  }
-  view2.set_next_position(view.next_position());
+  ECHOKV_RETURN_IF_ERROR(view2.AppendTail(view, half));
 
   // Frozen: round 2 on W1.
   out.frozen = round1;

@@ -147,5 +147,22 @@ TEST(KvCacheTest, CloneIsDeepAndAppendRowMatchesAppend) {
   EXPECT_EQ(b.size(0), 3);
 }
 
+TEST(KvCacheTest, AppendTailCarriesTheLastEntriesOntoAnotherView) {
+  KvCache src(1, 2, 2, at::kFloat);
+  ASSERT_OK(src.Append(0, Rows(2, {0, 1, 2, 3}, 2), Rows(2, {0, 1, 2, 3}, 2), {0, 1, 2, 3}));
+  ASSERT_OK_AND_ASSIGN(KvCache view, KvCache::Gather(src, {at::tensor({0, 2, 1, 3}, at::kLong).view({2, 2})}));
+  ASSERT_OK(view.Append(0, Rows(2, {10, 11}, 2), Rows(2, {10, 11}, 2), {10, 11}));  // "lookahead"
+  view.set_next_position(12);
+  ASSERT_OK_AND_ASSIGN(KvCache other, KvCache::Gather(src, {at::tensor({3, 0}, at::kLong).view({2, 1})}));
+  ASSERT_OK(other.AppendTail(view, 2));
+  EXPECT_EQ(other.next_position(), 12);
+  EXPECT_EQ(other.cells().positions(0, 0), (std::vector<int64_t>{3, 10, 11}));
+  EXPECT_EQ(other.cells().positions(0, 1), (std::vector<int64_t>{0, 10, 11}));
+  EXPECT_EQ(other.keys(0)[1][2][0].item<float>(), 111.0f);
+  // Tails that differ between groups cannot be carried; too many entries neither.
+  EXPECT_THAT(other.AppendTail(view, 3), StatusIs(absl::StatusCode::kInvalidArgument, "differ between groups"));
+  EXPECT_THAT(other.AppendTail(view, 9), StatusIs(absl::StatusCode::kOutOfRange, "9 entries"));
+}
+
 }  // namespace
 }  // namespace echokv::model
