@@ -1,6 +1,7 @@
 #include "bench/bench_util.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -95,6 +96,16 @@ absl::Status WriteRandomLlama(const std::string& dir, const BenchModelSpec& spec
   }
   std::ofstream(dir + "/config.json") << config_text;
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ResolveBenchModelDir(const std::string& model_dir, const std::string& random40m_dir) {
+  if (random40m_dir.empty()) {
+    if (model_dir.empty()) return absl::InvalidArgumentError("--model or --random40m is required");
+    return model_dir;
+  }
+  std::fprintf(stderr, "writing/using the random ~40M llama in %s\n", random40m_dir.c_str());
+  if (absl::Status s = WriteRandomLlama(random40m_dir, Bench40M(), 7); !s.ok()) return s;
+  return random40m_dir;
 }
 
 std::vector<int> BenchContext(int length, int vocab) {

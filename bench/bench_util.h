@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace echokv::bench {
 
@@ -32,6 +33,11 @@ inline BenchModelSpec Bench40M() { return BenchModelSpec(); }
 // Writes config.json + model.safetensors (F32, N(0, 0.02) weights, unit norms) unless
 // `dir`/model.safetensors already exists with the same config.
 absl::Status WriteRandomLlama(const std::string& dir, const BenchModelSpec& spec, uint64_t seed);
+
+// The model directory a bench runs on: `random40m_dir` (written once with
+// WriteRandomLlama(Bench40M(), seed 7)) when non-empty, else `model_dir`; an error
+// naming both flags when neither is given.
+absl::StatusOr<std::string> ResolveBenchModelDir(const std::string& model_dir, const std::string& random40m_dir);
 
 // BOS (1) then (i * 7919 + 13) % vocab: the same ids bench/llama2c_ref.cc feeds.
 std::vector<int> BenchContext(int length, int vocab);

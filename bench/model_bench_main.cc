@@ -63,19 +63,12 @@ int main(int argc, char** argv) {
   echokv::DashedFlagArgs dashed(argc, argv);
   absl::ParseCommandLine(dashed.argc(), dashed.argv());
   echokv::InitLogging(argv[0]);
-  std::string dir = absl::GetFlag(FLAGS_model);
-  if (!absl::GetFlag(FLAGS_random40m).empty()) {
-    dir = absl::GetFlag(FLAGS_random40m);
-    std::fprintf(stderr, "writing/using the random ~40M llama in %s\n", dir.c_str());
-    if (auto s = echokv::bench::WriteRandomLlama(dir, echokv::bench::Bench40M(), 7); !s.ok()) {
-      std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
-      return 1;
-    }
-  }
-  if (dir.empty()) {
-    std::fprintf(stderr, "error: --model or --random40m is required\n");
+  auto dir_or = echokv::bench::ResolveBenchModelDir(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_random40m));
+  if (!dir_or.ok()) {
+    std::fprintf(stderr, "error: %s\n", dir_or.status().ToString().c_str());
     return 2;
   }
+  const std::string dir = *dir_or;
   echokv::model::DeviceOptions dev;
   dev.num_threads = absl::GetFlag(FLAGS_threads);
   auto model = echokv::model::Transformer::Load(dir, dev);
