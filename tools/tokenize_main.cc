@@ -8,6 +8,8 @@
 // Flag names accept '-' or '_' (--no-special == --no_special). Errors go to stderr
 // with a non-zero exit status.
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -26,6 +28,7 @@
 
 ABSL_FLAG(std::string, tokenizer, "", "Model folder holding tokenizer.json or tokenizer.model");
 ABSL_FLAG(std::string, text, "", "Text to encode");
+ABSL_FLAG(std::string, text_file, "", "Encode this file's bytes exactly (instead of --text)");
 ABSL_FLAG(bool, no_special, false,
           "Encode added/special-token strings (e.g. <|im_end|>) as plain text");
 ABSL_FLAG(bool, no_bos, false, "Do not add the tokenizer's default BOS/EOS");
@@ -44,7 +47,7 @@ int Fail(const std::string& message) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "echokv-tokenize --tokenizer DIR (--text T [--no-special] [--no-bos] | --decode 1,2,3 "
+      "echokv-tokenize --tokenizer DIR ((--text T | --text-file F) [--no-special] [--no-bos] | --decode 1,2,3 "
       "[--skip-special]) [--json]");
   echokv::DashedFlagArgs dashed(argc, argv);
   absl::ParseCommandLine(dashed.argc(), dashed.argv());
@@ -81,7 +84,14 @@ int main(int argc, char** argv) {
   echokv::model::EncodeOptions opts;
   opts.parse_special = !absl::GetFlag(FLAGS_no_special);
   opts.add_special_tokens = !absl::GetFlag(FLAGS_no_bos);
-  auto ids = tok.Encode(absl::GetFlag(FLAGS_text), opts);
+  std::string text = absl::GetFlag(FLAGS_text);
+  if (const std::string path = absl::GetFlag(FLAGS_text_file); !path.empty()) {
+    if (!text.empty()) return Fail("give --text or --text-file, not both");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return Fail("--text-file: cannot read '" + path + "'");
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  auto ids = tok.Encode(text, opts);
   if (!ids.ok()) return Fail(std::string(ids.status().ToString()));
   std::vector<std::string> pieces;
   for (int id : *ids) pieces.push_back(tok.IdToPiece(id));
