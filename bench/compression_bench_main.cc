@@ -1,9 +1,9 @@
 // Per-phase wall time of EchoKV vs LAQ vs SnapKV against prefill, side by side in one
 // run, plus the peak RSS added during compression vs the full KV size.
 //
-//   echokv-bench-compression --model /work/shared/models/stories260K --contexts 450 \
+//   echokv-bench-compression --model /work/shared/models/stories260K --contexts 450
 //       --budget 128 --lookahead 8 --workspace 128
-//   echokv-bench-compression --random40m /tmp/echokv-m40 --contexts 2048,8192 \
+//   echokv-bench-compression --random40m /tmp/echokv-m40 --contexts 2048,8192
 //       --budget 128 --lookahead 8 --workspace 1024
 //
 // The context is prefilled once (keeping what every policy needs); each policy then

@@ -1,7 +1,7 @@
 // Prefill and decode speed of echokv's transformer, side by side with the plain C
 // llama2.c-style reference (echokv-bench-llama2c) on the same weights and context.
 //
-//   echokv-bench-model --model /work/shared/models/stories260K --contexts 128,448 \
+//   echokv-bench-model --model /work/shared/models/stories260K --contexts 128,448
 //       --decode 64 --llama2c build/bin/echokv-bench-llama2c
 //   echokv-bench-model --random40m /tmp/echokv-m40 --contexts 512,2048 --decode 64 ...
 #include <ATen/Parallel.h>

@@ -2,7 +2,7 @@
 // same code the server uses (compression::PrefillAndCompress + Transformer::Decode).
 //
 //   echokv-generate --model DIR --prompt "Once upon a time" --max-tokens 64 --json
-//   echokv-generate --model DIR --prompt-ids 1,403,407 --policy echokv --budget 64 \
+//   echokv-generate --model DIR --prompt-ids 1,403,407 --policy echokv --budget 64
 //       --lookahead 8 --workspace 128 --json --dump-retained
 //
 // With --json it prints one JSON object:
@@ -148,7 +148,6 @@ absl::Status Run() {
   }
 
   echokv::compression::PipelineOptions po;
-  const auto t0 = std::chrono::steady_clock::now();
   ECHOKV_ASSIGN_OR_RETURN(echokv::compression::CompressedContext ctx,
                           echokv::compression::PrefillAndCompress(*model, prompt, model->NewCache(), config, po));
   const auto t1 = std::chrono::steady_clock::now();
