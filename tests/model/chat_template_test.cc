@@ -284,5 +284,44 @@ TEST(RealTokenizers, MistralChatV1ShortGolden) {
   EXPECT_EQ(checked, 1);
 }
 
+// Every Mistral chat case of every golden*.json (public and any fuller set): the
+// conversation is read back from its segments ([bos] "[INST] u [/INST]" "a" [eos] ...),
+// rendered with the Mistral template and encoded; the ids must equal the golden ids.
+TEST(RealTokenizers, MistralEveryGoldenChatCase) {
+  ECHOKV_REQUIRE_TEST_DATA(dir);
+  const std::string folder = dir + "/tokenizers/mistral-7b-v0.2";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Tokenizer> spm, LoadSentencePieceTokenizer(folder));
+  int checked = 0;
+  for (const std::string& file : ::echokv::testing::ListFiles(folder, "golden", ".json")) {
+    const json golden = json::parse(::echokv::testing::ReadFileOrDie(file));
+    if (!golden.contains("chat_cases")) continue;
+    for (const json& c : golden["chat_cases"]) {
+      SCOPED_TRACE(file + " " + c["id"].get<std::string>());
+      std::vector<ChatMessage> chat;
+      bool understood = true;
+      const json& segs = c["segments"];
+      for (size_t i = 0; i < segs.size() && understood; ++i) {
+        const std::string type = segs[i]["type"];
+        if (type == "bos" || type == "eos") continue;
+        const std::string text = segs[i]["text"];
+        const std::string open = "[INST] ", close = " [/INST]";
+        if (text.rfind(open, 0) == 0 && text.size() >= open.size() + close.size() &&
+            text.compare(text.size() - close.size(), close.size(), close) == 0) {
+          chat.push_back({"user", text.substr(open.size(), text.size() - open.size() - close.size())});
+        } else if (!chat.empty() && chat.back().role == "user") {
+          chat.push_back({"assistant", text});
+        } else {
+          understood = false;
+        }
+      }
+      ASSERT_TRUE(understood) << "segment layout not in the Mistral v1 instruct form";
+      ASSERT_OK_AND_ASSIGN(std::vector<int> ids, EncodeChat(Named("mistral"), chat, *spm));
+      EXPECT_THAT(ids, ElementsAreArray(c["ids"].get<std::vector<int>>()));
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 1);
+}
+
 }  // namespace
 }  // namespace echokv::model

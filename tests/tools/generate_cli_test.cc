@@ -81,7 +81,9 @@ TEST_F(GenerateCliTest, CompressionReportAndRetainedDump) {
     for (size_t i = 0; i < pos.size(); ++i) {
       EXPECT_GE(pos[i], 0);
       EXPECT_LT(pos[i], 30);
-      if (i > 0) EXPECT_LT(pos[i - 1], pos[i]);
+      if (i > 0) {
+        EXPECT_LT(pos[i - 1], pos[i]);
+      }
     }
   }
   EXPECT_EQ(j.at("output_ids").size(), 8u);
