@@ -309,6 +309,31 @@ absl::Status TooManyStreams() {
       "max_concurrent_streams reached: too many streaming calls in flight; retry later");
 }
 
+// Engine callbacks of CreateSession / AppendToSession: progress events become
+// SessionProgress.progress messages; the result becomes the final SessionProgress
+// carrying the Session (or the call's error).
+ProgressFn ProgressToStream(StreamReactor<pb::SessionProgress>* reactor) {
+  return [reactor](const ProgressEvent& p) {
+    pb::SessionProgress msg;
+    pb::SessionProgress::Progress* pr = msg.mutable_progress();
+    pr->set_phase(p.phase);
+    pr->set_done(p.done);
+    pr->set_total(p.total);
+    pr->set_elapsed_seconds(p.elapsed_seconds);
+    reactor->Push(std::move(msg));
+  };
+}
+
+DoneFn<SessionInfo> SessionToStream(StreamReactor<pb::SessionProgress>* reactor) {
+  return [reactor](absl::StatusOr<SessionInfo> s) {
+    if (!s.ok()) return reactor->Close(s.status());
+    pb::SessionProgress msg;
+    FillSession(*s, msg.mutable_session());
+    reactor->Push(std::move(msg));
+    reactor->Close(absl::OkStatus());
+  };
+}
+
 }  // namespace
 
 EchoKvService::EchoKvService(Engine* engine, Metrics* metrics) : engine_(engine), metrics_(metrics) {}
@@ -390,22 +415,7 @@ grpc::ServerWriteReactor<v1::SessionProgress>* EchoKvService::CreateSession(
   engine_->CreateSession(
       ToInput(request->input()), *cfg, ToTtl(request->has_ttl_seconds(), request->ttl_seconds()),
       reactor->cancel(),
-      [reactor](const ProgressEvent& p) {
-        pb::SessionProgress msg;
-        pb::SessionProgress::Progress* pr = msg.mutable_progress();
-        pr->set_phase(p.phase);
-        pr->set_done(p.done);
-        pr->set_total(p.total);
-        pr->set_elapsed_seconds(p.elapsed_seconds);
-        reactor->Push(std::move(msg));
-      },
-      [reactor](absl::StatusOr<SessionInfo> s) {
-        if (!s.ok()) return reactor->Close(s.status());
-        pb::SessionProgress msg;
-        FillSession(*s, msg.mutable_session());
-        reactor->Push(std::move(msg));
-        reactor->Close(absl::OkStatus());
-      });
+      ProgressToStream(reactor), SessionToStream(reactor));
   return reactor;
 }
 
@@ -419,22 +429,7 @@ grpc::ServerWriteReactor<v1::SessionProgress>* EchoKvService::AppendToSession(
   }
   engine_->AppendToSession(
       request->session_id(), ToInput(request->input()), reactor->cancel(),
-      [reactor](const ProgressEvent& p) {
-        pb::SessionProgress msg;
-        pb::SessionProgress::Progress* pr = msg.mutable_progress();
-        pr->set_phase(p.phase);
-        pr->set_done(p.done);
-        pr->set_total(p.total);
-        pr->set_elapsed_seconds(p.elapsed_seconds);
-        reactor->Push(std::move(msg));
-      },
-      [reactor](absl::StatusOr<SessionInfo> s) {
-        if (!s.ok()) return reactor->Close(s.status());
-        pb::SessionProgress msg;
-        FillSession(*s, msg.mutable_session());
-        reactor->Push(std::move(msg));
-        reactor->Close(absl::OkStatus());
-      });
+      ProgressToStream(reactor), SessionToStream(reactor));
   return reactor;
 }
 

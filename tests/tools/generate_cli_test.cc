@@ -1,36 +1,20 @@
 // echokv-generate as a user runs it: JSON shape, agreement with the library on
 // stories260K, and flag errors that name the field (non-zero exit, stderr).
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
 #include "tests/testing/test_data.h"
 
 namespace echokv {
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
-
-RunResult RunCli(const std::string& args) {
-  const std::string err_file = testing::MakeTempDir("echokv_cli_") + "/stderr";
-  const std::string cmd = std::string(ECHOKV_GENERATE_BIN) + " " + args + " 2>" + err_file;
-  RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = testing::ReadFileOrDie(err_file);
-  return r;
+// Runs the CLI under test with `args` (already shell-quoted).
+testing::CommandResult RunCli(const std::string& args) {
+  return testing::RunCommand(std::string(ECHOKV_GENERATE_BIN) + " " + args);
 }
 
 class GenerateCliTest : public ::testing::Test {
@@ -48,7 +32,7 @@ TEST_F(GenerateCliTest, JsonHasTheDocumentedFieldsAndReproducesGolden) {
       nlohmann::json::parse(testing::ReadFileOrDie(model_ + "/golden_public.json"));
   const auto& c = golden.at("cases").at(1);  // "Lily and Tom went to the park. They saw"
   const std::vector<int> expected = c.at("generated_ids");
-  RunResult r = RunCli("--model " + model_ + " --prompt '" + c.at("prompt").get<std::string>() +
+  testing::CommandResult r = RunCli("--model " + model_ + " --prompt '" + c.at("prompt").get<std::string>() +
                     "' --max-tokens 20 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
@@ -62,7 +46,7 @@ TEST_F(GenerateCliTest, JsonHasTheDocumentedFieldsAndReproducesGolden) {
 }
 
 TEST_F(GenerateCliTest, CompressionReportAndRetainedDump) {
-  RunResult r = RunCli("--model " + model_ +
+  testing::CommandResult r = RunCli("--model " + model_ +
                     " --prompt-ids 1,403,407,261,378,432,383,286,261,376,298,315,421,395,317,426,338,401,"
                     "270,261,308,400,272,442,500,311,263,380,290,292 --max-tokens 8 --json --policy echokv "
                     "--budget 8 --lookahead 4 --workspace 16 --dump-retained");
@@ -108,12 +92,12 @@ TEST_F(GenerateCliTest, BadFlagsNameTheField) {
   };
   for (const Case& c : cases) {
     const std::string prompt = c.flags.find("--prompt-ids") == std::string::npos ? " --prompt 'Once upon a time'" : "";
-    RunResult r = RunCli("--model " + model_ + prompt + " " + c.flags);
+    testing::CommandResult r = RunCli("--model " + model_ + prompt + " " + c.flags);
     EXPECT_NE(r.exit_code, 0) << c.flags;
     EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.flags << " -> stderr: " << r.err;
     EXPECT_TRUE(r.out.empty()) << c.flags;
   }
-  RunResult missing = RunCli("--model /nonexistent/dir --prompt hi");
+  testing::CommandResult missing = RunCli("--model /nonexistent/dir --prompt hi");
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.err.find("/nonexistent/dir"), std::string::npos) << missing.err;
 }

@@ -2,37 +2,21 @@
 // through the binary (ids and tokens; ids_no_special with --no-special), --decode,
 // and clear errors. The library test checks every case; this one checks the CLI's
 // plumbing on a few (each run loads LibTorch and a 7 MB tokenizer.json).
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
 #include "tests/testing/test_data.h"
 
 namespace echokv {
 namespace {
 
-struct CliResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-CliResult RunTokenize(const std::string& args) {
-  const std::string err_file = testing::MakeTempDir("echokv_tok_cli_") + "/stderr";
-  const std::string cmd = std::string(ECHOKV_TOKENIZE_BIN) + " " + args + " 2>" + err_file;
-  CliResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = testing::ReadFileOrDie(err_file);
-  return r;
+// Runs the CLI under test with `args` (already shell-quoted).
+testing::CommandResult RunTokenize(const std::string& args) {
+  return testing::RunCommand(std::string(ECHOKV_TOKENIZE_BIN) + " " + args);
 }
 
 TEST(TokenizeCliTest, GoldenCasesThroughTheBinary) {
@@ -51,7 +35,7 @@ TEST(TokenizeCliTest, GoldenCasesThroughTheBinary) {
         SCOPED_TRACE(std::string(name) + " " + c.at("id").get<std::string>());
         const std::string path = scratch + "/text";
         testing::WriteFileOrDie(path, c.at("text").get<std::string>());
-        CliResult r = RunTokenize("--tokenizer " + dir + " --text-file " + path + " --json");
+        testing::CommandResult r = RunTokenize("--tokenizer " + dir + " --text-file " + path + " --json");
         ASSERT_EQ(r.exit_code, 0) << r.err;
         const nlohmann::json j = nlohmann::json::parse(r.out);
         EXPECT_EQ(j.at("ids").get<std::vector<int>>(), c.at("ids").get<std::vector<int>>());
@@ -59,7 +43,7 @@ TEST(TokenizeCliTest, GoldenCasesThroughTheBinary) {
           EXPECT_EQ(j.at("tokens").get<std::vector<std::string>>(), c.at("tokens").get<std::vector<std::string>>());
         }
         if (c.contains("ids_no_special")) {
-          CliResult plain = RunTokenize("--tokenizer " + dir + " --text-file " + path + " --no-special --json");
+          testing::CommandResult plain = RunTokenize("--tokenizer " + dir + " --text-file " + path + " --no-special --json");
           ASSERT_EQ(plain.exit_code, 0) << plain.err;
           EXPECT_EQ(nlohmann::json::parse(plain.out).at("ids").get<std::vector<int>>(),
                     c.at("ids_no_special").get<std::vector<int>>());
@@ -74,16 +58,16 @@ TEST(TokenizeCliTest, GoldenCasesThroughTheBinary) {
 TEST(TokenizeCliTest, DecodeAndErrors) {
   ECHOKV_REQUIRE_TEST_DATA(data);
   const std::string qwen = data + "/tokenizers/qwen2.5";
-  CliResult r = RunTokenize("--tokenizer " + qwen + " --decode 9707,1879 --json");
+  testing::CommandResult r = RunTokenize("--tokenizer " + qwen + " --decode 9707,1879 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out).at("text"), "Hello world");
-  CliResult bad_id = RunTokenize("--tokenizer " + qwen + " --decode 1,x");
+  testing::CommandResult bad_id = RunTokenize("--tokenizer " + qwen + " --decode 1,x");
   EXPECT_NE(bad_id.exit_code, 0);
   EXPECT_NE(bad_id.err.find("--decode"), std::string::npos) << bad_id.err;
-  CliResult missing = RunTokenize("--tokenizer /nonexistent/tok --text hi");
+  testing::CommandResult missing = RunTokenize("--tokenizer /nonexistent/tok --text hi");
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.err.find("/nonexistent/tok"), std::string::npos) << missing.err;
-  CliResult no_file = RunTokenize("--tokenizer " + qwen + " --text-file /nonexistent/file");
+  testing::CommandResult no_file = RunTokenize("--tokenizer " + qwen + " --text-file /nonexistent/file");
   EXPECT_NE(no_file.exit_code, 0);
   EXPECT_NE(no_file.err.find("--text-file"), std::string::npos) << no_file.err;
 }
