@@ -17,7 +17,8 @@
 namespace echokv {
 
 // Sets OPENBLAS_THREAD_TIMEOUT=4 (the minimum: workers sleep after 2^4 cycles) and
-// re-execs /proc/self/exe when it was unset. Returns (without re-exec) when it was
+// re-execs this program (the path /proc/self/exe points to, so the process keeps its
+// name) when it was unset. Returns (without re-exec) when it was
 // already set, when ECHOKV_NO_REEXEC is set, or when the exec fails.
 void ConfigureBlasWorkersOrReexec(char** argv);
 

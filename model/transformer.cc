@@ -109,11 +109,46 @@ __attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) floa
   return s;
 }
 
-// scores[j] = scale * q . k_j for n rows k_j = keys + j * d (one call per head, so
-// the clone dispatch is paid once, not per entry).
-__attribute__((target_clones("default", "arch=haswell"))) void ScoreRows(const float* q, const float* keys,
-                                                                          int64_t n, int64_t d, float scale,
-                                                                          float* scores) {
+// scores[j] = scale * q . k_j for n rows k_j = keys + j * d, and the weighted sum
+// out[d] = sum_j p[j] * v_j. One call per head, so the clone dispatch is paid once,
+// not per entry; head dims 8, 64 and 128 get loops with the dimension known at
+// compile time (fully unrolled rows), others the generic loop.
+template <int kDim>
+inline void ScoreRowsFixed(const float* q, const float* keys, int64_t n, float scale, float* scores) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float* k = keys + j * kDim;
+    float acc[kDim < 16 ? kDim : 16] = {};
+    constexpr int kLanes = kDim < 16 ? kDim : 16;
+    for (int i = 0; i < kDim; i += kLanes) {
+      for (int t = 0; t < kLanes; ++t) acc[t] += q[i + t] * k[i + t];
+    }
+    float s = 0;
+    for (int t = 0; t < kLanes; ++t) s += acc[t];
+    scores[j] = s * scale;
+  }
+}
+
+template <int kDim>
+inline void WeightedSumRowsFixed(const float* p, const float* values, int64_t n, float* out) {
+  float acc[kDim] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    const float w = p[j];
+    const float* v = values + j * kDim;
+    for (int i = 0; i < kDim; ++i) acc[i] += w * v[i];
+  }
+  for (int i = 0; i < kDim; ++i) out[i] = acc[i];
+}
+
+__attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) void ScoreRows(
+    const float* q, const float* keys, int64_t n, int64_t d, float scale, float* scores) {
+  switch (d) {
+    case 8:
+      return ScoreRowsFixed<8>(q, keys, n, scale, scores);
+    case 64:
+      return ScoreRowsFixed<64>(q, keys, n, scale, scores);
+    case 128:
+      return ScoreRowsFixed<128>(q, keys, n, scale, scores);
+  }
   for (int64_t j = 0; j < n; ++j) {
     const float* k = keys + j * d;
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -127,9 +162,16 @@ __attribute__((target_clones("default", "arch=haswell"))) void ScoreRows(const f
   }
 }
 
-// out[d] = sum_j p[j] * v_j for n rows v_j = values + j * d.
-__attribute__((target_clones("default", "arch=haswell"))) void WeightedSumRows(const float* p, const float* values,
-                                                                                int64_t n, int64_t d, float* out) {
+__attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) void WeightedSumRows(
+    const float* p, const float* values, int64_t n, int64_t d, float* out) {
+  switch (d) {
+    case 8:
+      return WeightedSumRowsFixed<8>(p, values, n, out);
+    case 64:
+      return WeightedSumRowsFixed<64>(p, values, n, out);
+    case 128:
+      return WeightedSumRowsFixed<128>(p, values, n, out);
+  }
   for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
   for (int64_t j = 0; j < n; ++j) {
     const float w = p[j];
