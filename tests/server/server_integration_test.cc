@@ -304,6 +304,13 @@ TEST_F(ServerTest, GreedyStreamEqualsOfflineForEveryPolicy) {
   }
 }
 
+// The one-time re-exec that configures OpenBLAS keeps the process name, so operators
+// can find the server with ps / pkill echokv-server.
+TEST_F(ServerTest, ProcessKeepsItsName) {
+  const std::string comm = ::echokv::testing::ReadFileOrDie("/proc/" + std::to_string(server_->pid()) + "/comm");
+  EXPECT_EQ(comm, "echokv-server\n");
+}
+
 TEST_F(ServerTest, EightConcurrentStreamsEachEqualOffline) {
   std::vector<std::string> ids(8), prompts(8);
   for (int i = 0; i < 8; ++i) {
