@@ -548,6 +548,29 @@ TEST(ServerLimitsTest, KvBytesLimitIsResourceExhausted) {
   EXPECT_TRUE(server.stub()->GetServerInfo(&ctx, pb::GetServerInfoRequest(), &info).ok());
 }
 
+// --session-ttl is the default idle expiry of sessions created without ttl_seconds:
+// an idle session is gone after it, a session that keeps being used is not.
+TEST(ServerLimitsTest, SessionTtlFlagExpiresIdleSessions) {
+  ECHOKV_REQUIRE_TEST_DATA(data);
+  ServerProcess server(data + "/models/stories260K", {"--session-ttl", "1s"});
+  ASSERT_TRUE(server.ok());
+  Created idle = CreateSession(server.stub(), CreateRequest("Once upon a time", "", 0));
+  Created kept = CreateSession(server.stub(), CreateRequest("Lily and Tom went to the park.", "", 0));
+  ASSERT_TRUE(idle.status.ok() && kept.status.ok());
+  auto get = [&](const std::string& id) {
+    grpc::ClientContext ctx;
+    pb::GetSessionRequest req;
+    req.set_session_id(id);
+    pb::Session s;
+    return server.stub()->GetSession(&ctx, req, &s);
+  };
+  for (int i = 0; i < 4; ++i) {  // touch `kept` every 0.4 s for 1.6 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    ASSERT_TRUE(get(kept.session.id()).ok()) << "a session in use must not expire";
+  }
+  EXPECT_EQ(get(idle.session.id()).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
 TEST(ServerShutdownTest, SigtermDuringStreamGoesNotServingAndExitsZero) {
   ECHOKV_REQUIRE_TEST_DATA(data);
   ServerProcess server(data + "/models/stories260K", {"--shutdown-grace", "3s"});
