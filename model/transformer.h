@@ -32,7 +32,8 @@ namespace echokv::model {
 struct DeviceOptions {
   std::string device = "cpu";     // "cpu", "cuda", "cuda:N"
   std::string dtype = "float32";  // "float32", "bfloat16", "float16"
-  // LibTorch intra-op threads; 0 = echokv::DefaultThreadCount(). Set once per process.
+  // Compute threads (0 = echokv::DefaultThreadCount()): OpenBLAS gets them in batched
+  // products, LibTorch's OpenMP team in the decode loops; one pool is busy at a time.
   int num_threads = 0;
   absl::Status Validate() const;
 };

@@ -45,7 +45,7 @@ ABSL_FLAG(std::string, metrics_host, "", "Address for /metrics; default --host")
 ABSL_FLAG(int, metrics_port, 9090, "Prometheus /metrics port; 0 picks a free port, -1 disables");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, dtype, "float32", "float32, bfloat16 or float16");
-ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads; 0 = $ECHOKV_THREADS or all cores");
+ABSL_FLAG(int, threads, 0, "Compute threads (OpenBLAS for batched products, OpenMP for decode); 0 = $ECHOKV_THREADS or all cores");
 ABSL_FLAG(int, prefill_chunk, 256, "Tokens per prefill chunk (streams interleave between chunks)");
 ABSL_FLAG(std::string, default_policy, "echokv", "Compression policy when a request sets none");
 ABSL_FLAG(int, default_budget, 512, "Default budget B (entries per layer and KV group)");

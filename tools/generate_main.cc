@@ -56,7 +56,7 @@ ABSL_FLAG(std::string, repair, "on", "echokv workspace repair: on|off");
 ABSL_FLAG(bool, dump_retained, false, "with --json: add the retained positions per layer and group");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda[:N]");
 ABSL_FLAG(std::string, dtype, "float32", "float32 | bfloat16 | float16");
-ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0 = all cores)");
+ABSL_FLAG(int, threads, 0, "compute threads (0 = $ECHOKV_THREADS or all cores)");
 
 namespace {
 
