@@ -217,7 +217,6 @@ void RopeRow(float* v, const float* cos, const float* sin, int64_t d) {
 
 absl::Status DeviceOptions::Validate() const {
   ECHOKV_ASSIGN_OR_RETURN(at::ScalarType st, ParseDType(dtype));
-  (void)st;
   try {
     c10::Device dev(device);
     if (dev.is_cuda() && !at::hasCUDA()) {
@@ -226,6 +225,11 @@ absl::Status DeviceOptions::Validate() const {
     }
     if (!dev.is_cpu() && !dev.is_cuda()) {
       return absl::InvalidArgumentError(absl::StrCat("device must be cpu or cuda[:N], got '", device, "'"));
+    }
+    if (dev.is_cpu() && st == at::kHalf) {
+      return absl::InvalidArgumentError(
+          "dtype float16 needs device cuda: LibTorch's CPU kernels have no float16 matrix products "
+          "(use float32 or bfloat16 on cpu)");
     }
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(absl::StrCat("device must be cpu or cuda[:N], got '", device, "'"));

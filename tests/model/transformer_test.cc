@@ -196,6 +196,24 @@ TEST_P(TransformerFamilyTest, DecodeFastPathEqualsForwardPath) {
   EXPECT_EQ(va.cells(), vb.cells());
 }
 
+// dtype is a runtime choice: the same checkpoint in bfloat16 (prefill + decode through
+// the batched path) stays close to float32 (bf16 keeps ~3 significant digits).
+TEST_P(TransformerFamilyTest, Bfloat16RunsAndStaysCloseToFloat32) {
+  DeviceOptions bf16;
+  bf16.dtype = "bfloat16";
+  ASSERT_OK_AND_ASSIGN(auto low, Transformer::Load(dir_, bf16));
+  const std::vector<int> tokens = Tokens(8, ref_.config.vocab_size, 6);
+  KvCache a = model_->NewCache(), b = low->NewCache();
+  ASSERT_OK_AND_ASSIGN(ForwardResult fa, model_->Forward(tokens, &a));
+  ASSERT_OK_AND_ASSIGN(ForwardResult fb, low->Forward(tokens, &b));
+  EXPECT_EQ(b.keys(0).scalar_type(), at::kBFloat16);
+  const double scale = std::max(1.0, fa.logits.abs().max().item<double>());
+  EXPECT_LT(MaxAbsDiff(fa.logits, fb.logits) / scale, 0.05);
+  ASSERT_OK_AND_ASSIGN(DecodeResult da, model_->Decode(tokens[0], &a));
+  ASSERT_OK_AND_ASSIGN(DecodeResult db, low->Decode(tokens[0], &b));
+  EXPECT_LT(MaxAbsDiff(da.logits, db.logits) / scale, 0.05);
+}
+
 TEST_P(TransformerFamilyTest, RejectsBadInput) {
   KvCache cache = model_->NewCache();
   EXPECT_THAT(model_->Forward({}, &cache), StatusIs(absl::StatusCode::kInvalidArgument, "at least one token"));
@@ -223,6 +241,11 @@ TEST(DeviceOptionsTest, ValidateNamesTheField) {
     d.device = "cuda";
     EXPECT_THAT(d.Validate(), StatusIs(absl::StatusCode::kFailedPrecondition, "CUDA"));
   }
+  d = DeviceOptions();
+  d.dtype = "float16";
+  EXPECT_THAT(d.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, "float16 needs device cuda"));
+  d.dtype = "bfloat16";
+  EXPECT_OK(d.Validate());
 }
 
 }  // namespace
