@@ -73,6 +73,11 @@ absl::StatusOr<std::string> NewSessionId() {
 
 namespace {
 
+// The caller's cancel flag, or a fresh one when it passed none.
+CancelFlag OrFreshFlag(CancelFlag cancel) {
+  return cancel != nullptr ? std::move(cancel) : std::make_shared<std::atomic<bool>>(false);
+}
+
 double SecondsSince(absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t); }
 
 absl::Status NotFound(const std::string& id) {
@@ -796,18 +801,24 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
 
 const ServerFacts& Engine::facts() const { return impl_->facts; }
 
+// A prefill job of `kind` admitted now, with its input and cancel flag.
+std::shared_ptr<PrefillJob> NewPrefillJob(PrefillJob::Kind kind, InputSpec input, CancelFlag cancel) {
+  auto job = std::make_shared<PrefillJob>();
+  job->kind = kind;
+  job->input = std::move(input);
+  job->cancel = OrFreshFlag(std::move(cancel));
+  job->admitted = absl::Now();
+  return job;
+}
+
 void Engine::CreateSession(InputSpec input, compression::CompressionConfig config,
                            std::optional<absl::Duration> ttl, CancelFlag cancel, ProgressFn progress,
                            DoneFn<SessionInfo> done) {
-  auto job = std::make_shared<PrefillJob>();
-  job->kind = PrefillJob::Kind::kCreate;
-  job->input = std::move(input);
+  auto job = NewPrefillJob(PrefillJob::Kind::kCreate, std::move(input), std::move(cancel));
   job->config = std::move(config);
   job->ttl = ttl;
-  job->cancel = cancel != nullptr ? cancel : std::make_shared<std::atomic<bool>>(false);
   job->progress = std::move(progress);
   job->session_done = std::move(done);
-  job->admitted = absl::Now();
   Impl* impl = impl_.get();
   const bool posted = impl->Post(
       [impl, job] {
@@ -831,14 +842,10 @@ void Engine::CreateSession(InputSpec input, compression::CompressionConfig confi
 
 void Engine::AppendToSession(std::string session_id, InputSpec input, CancelFlag cancel,
                              ProgressFn progress, DoneFn<SessionInfo> done) {
-  auto job = std::make_shared<PrefillJob>();
-  job->kind = PrefillJob::Kind::kAppend;
+  auto job = NewPrefillJob(PrefillJob::Kind::kAppend, std::move(input), std::move(cancel));
   job->session_id = std::move(session_id);
-  job->input = std::move(input);
-  job->cancel = cancel != nullptr ? cancel : std::make_shared<std::atomic<bool>>(false);
   job->progress = std::move(progress);
   job->session_done = std::move(done);
-  job->admitted = absl::Now();
   Impl* impl = impl_.get();
   const bool posted = impl->Post(
       [impl, job] {
@@ -857,7 +864,7 @@ void Engine::Generate(GenerateParams params, CancelFlag cancel, DeltaFn on_delta
                       DoneFn<GenerateSummary> done) {
   auto g = std::make_shared<std::unique_ptr<Generation>>(std::make_unique<Generation>());
   (*g)->params = std::move(params);
-  (*g)->cancel = cancel != nullptr ? cancel : std::make_shared<std::atomic<bool>>(false);
+  (*g)->cancel = OrFreshFlag(std::move(cancel));
   (*g)->on_delta = std::move(on_delta);
   (*g)->done = std::move(done);
   (*g)->admitted = absl::Now();
@@ -928,13 +935,9 @@ void Engine::Generate(GenerateParams params, CancelFlag cancel, DeltaFn on_delta
 
 void Engine::Compress(InputSpec input, compression::CompressionConfig config, CancelFlag cancel,
                       DoneFn<CompressOutcome> done) {
-  auto job = std::make_shared<PrefillJob>();
-  job->kind = PrefillJob::Kind::kCompress;
-  job->input = std::move(input);
+  auto job = NewPrefillJob(PrefillJob::Kind::kCompress, std::move(input), std::move(cancel));
   job->config = std::move(config);
-  job->cancel = cancel != nullptr ? cancel : std::make_shared<std::atomic<bool>>(false);
   job->compress_done = std::move(done);
-  job->admitted = absl::Now();
   Impl* impl = impl_.get();
   const bool posted = impl->Post(
       [impl, job] {
