@@ -108,6 +108,22 @@ absl::StatusOr<std::string> ResolveBenchModelDir(const std::string& model_dir, c
   return random40m_dir;
 }
 
+absl::StatusOr<std::unique_ptr<model::Transformer>> LoadBenchModel(const std::string& model_dir,
+                                                                   const std::string& random40m_dir, int threads,
+                                                                   std::string* dir) {
+  absl::StatusOr<std::string> resolved = ResolveBenchModelDir(model_dir, random40m_dir);
+  if (!resolved.ok()) return resolved.status();
+  *dir = *resolved;
+  model::DeviceOptions dev;
+  dev.num_threads = threads;
+  return model::Transformer::Load(*dir, dev);
+}
+
+int ReportBenchError(const absl::Status& status) {
+  std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
+  return absl::IsInvalidArgument(status) ? 2 : 1;
+}
+
 std::vector<int> BenchContext(int length, int vocab) {
   std::vector<int> ids(length);
   for (int i = 0; i < length; ++i) ids[i] = i == 0 ? 1 : (i * 7919 + 13) % vocab;

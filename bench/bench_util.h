@@ -8,11 +8,13 @@
 #define ECHOKV_BENCH_BENCH_UTIL_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "model/transformer.h"
 
 namespace echokv::bench {
 
@@ -38,6 +40,16 @@ absl::Status WriteRandomLlama(const std::string& dir, const BenchModelSpec& spec
 // WriteRandomLlama(Bench40M(), seed 7)) when non-empty, else `model_dir`; an error
 // naming both flags when neither is given.
 absl::StatusOr<std::string> ResolveBenchModelDir(const std::string& model_dir, const std::string& random40m_dir);
+
+// ResolveBenchModelDir, then Transformer::Load on CPU with `threads` (0 = default);
+// the directory used is stored in *dir.
+absl::StatusOr<std::unique_ptr<model::Transformer>> LoadBenchModel(const std::string& model_dir,
+                                                                   const std::string& random40m_dir, int threads,
+                                                                   std::string* dir);
+
+// Prints "error: <status>" to stderr and returns a main's exit code: 2 for a usage
+// error (InvalidArgument), 1 otherwise.
+int ReportBenchError(const absl::Status& status);
 
 // BOS (1) then (i * 7919 + 13) % vocab: the same ids bench/llama2c_ref.cc feeds.
 std::vector<int> BenchContext(int length, int vocab);

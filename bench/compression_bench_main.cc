@@ -60,19 +60,10 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(dashed.argc(), dashed.argv());
   FLAGS_minloglevel = 1;
   echokv::InitLogging(argv[0]);
-  auto dir_or = echokv::bench::ResolveBenchModelDir(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_random40m));
-  if (!dir_or.ok()) {
-    std::fprintf(stderr, "error: %s\n", dir_or.status().ToString().c_str());
-    return 2;
-  }
-  const std::string dir = *dir_or;
-  echokv::model::DeviceOptions dev;
-  dev.num_threads = absl::GetFlag(FLAGS_threads);
-  auto model_or = echokv::model::Transformer::Load(dir, dev);
-  if (!model_or.ok()) {
-    std::fprintf(stderr, "error: %s\n", model_or.status().ToString().c_str());
-    return 1;
-  }
+  std::string dir;
+  auto model_or = echokv::bench::LoadBenchModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_random40m),
+                                                absl::GetFlag(FLAGS_threads), &dir);
+  if (!model_or.ok()) return echokv::bench::ReportBenchError(model_or.status());
   const auto& model = **model_or;
   const auto& mc = model.config();
   std::vector<cmp::PolicyKind> policies;

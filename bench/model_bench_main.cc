@@ -63,19 +63,10 @@ int main(int argc, char** argv) {
   echokv::DashedFlagArgs dashed(argc, argv);
   absl::ParseCommandLine(dashed.argc(), dashed.argv());
   echokv::InitLogging(argv[0]);
-  auto dir_or = echokv::bench::ResolveBenchModelDir(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_random40m));
-  if (!dir_or.ok()) {
-    std::fprintf(stderr, "error: %s\n", dir_or.status().ToString().c_str());
-    return 2;
-  }
-  const std::string dir = *dir_or;
-  echokv::model::DeviceOptions dev;
-  dev.num_threads = absl::GetFlag(FLAGS_threads);
-  auto model = echokv::model::Transformer::Load(dir, dev);
-  if (!model.ok()) {
-    std::fprintf(stderr, "error: %s\n", model.status().ToString().c_str());
-    return 1;
-  }
+  std::string dir;
+  auto model = echokv::bench::LoadBenchModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_random40m),
+                                             absl::GetFlag(FLAGS_threads), &dir);
+  if (!model.ok()) return echokv::bench::ReportBenchError(model.status());
   const auto& cfg = (*model)->config();
   const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : echokv::DefaultThreadCount();
   std::printf("model %s: %d layers, hidden %d, %d/%d heads, vocab %d; %d threads (the C baseline gets the same)\n",
