@@ -56,10 +56,18 @@ absl::Status RunH2o(const CompressionConfig& config, const CompressionInput& inp
   const int64_t recent = budget / 2;
   const int64_t heavy = budget - recent;
   bool scored = false;
+  if (input.record_scores) result->final_scores.assign(ctx.num_layers(), at::Tensor());
   for (int l = 0; l < ctx.num_layers(); ++l) {
     const int64_t n = ctx.size(l);
     if (n <= budget) {
       result->indices.push_back(KeepAll(groups, n));
+      continue;
+    }
+    if (!input.h2o_scores.empty()) {  // accumulated by the caller (engine, tiered turns)
+      const at::Tensor scores = input.h2o_scores[l].to(at::kCPU, at::kFloat);
+      if (input.record_scores) result->final_scores[l] = scores.narrow(1, 0, n - recent).clone();
+      result->indices.push_back(TopKPrefixPlusTail(scores, n - recent, heavy, n));
+      scored = true;
       continue;
     }
     WindowQueries q = LastQueries(input, l, /*count=*/-1);
@@ -71,6 +79,9 @@ absl::Status RunH2o(const CompressionConfig& config, const CompressionInput& inp
     at::Tensor col = kernels::CausalColumnSums(q.queries, q.positions, ctx.keys(l),
                                                ctx.positions(l));            // [H, n]
     at::Tensor group_scores = kernels::SumHeadsPerGroup(col, groups);       // [G, n]
+    if (input.record_scores) {
+      result->final_scores[l] = group_scores.narrow(1, 0, n - recent).to(at::kCPU, at::kFloat).clone();
+    }
     result->indices.push_back(TopKPrefixPlusTail(group_scores, n - recent, heavy, n));
     scored = true;
   }
@@ -87,7 +98,8 @@ absl::Status RunSnapKv(const CompressionConfig& config, const CompressionInput& 
   bool scored = false;
   ECHOKV_ASSIGN_OR_RETURN(
       result->indices,
-      SnapKvSelectLayers(config, input, std::vector<int64_t>(ctx.num_layers(), config.budget), &scored));
+      SnapKvSelectLayers(config, input, std::vector<int64_t>(ctx.num_layers(), config.budget), &scored,
+                         input.record_scores ? &result->final_scores : nullptr));
   result->report.scoring_passes = scored ? 1 : 0;
   clock.End("select");
   return absl::OkStatus();
@@ -101,7 +113,8 @@ absl::Status RunPyramidKv(const CompressionConfig& config, const CompressionInpu
   const std::vector<int64_t> budgets =
       PyramidKvBudgets(config.budget, config.snapkv_window, ctx.num_layers());
   bool scored = false;
-  ECHOKV_ASSIGN_OR_RETURN(result->indices, SnapKvSelectLayers(config, input, budgets, &scored));
+  ECHOKV_ASSIGN_OR_RETURN(result->indices, SnapKvSelectLayers(config, input, budgets, &scored,
+                                                              input.record_scores ? &result->final_scores : nullptr));
   result->report.scoring_passes = scored ? 1 : 0;
   clock.End("select");
   return absl::OkStatus();

@@ -47,6 +47,14 @@ struct CompressionInput {
   std::vector<int64_t> last_query_positions;   // their N positions
   at::Tensor last_logits;                      // [V] float32 after the last context token
   at::Tensor rope_inv_freq;                    // [d/2] float32
+  // H2O only, optional: per layer [G, n] float32 (n = context->size(l)), each entry's
+  // accumulated causal attention from every context query so far, summed over the
+  // group's heads (ALGORITHM.md §8.5). When set, H2O ranks by it instead of computing
+  // it from last_queries (the engine accumulates it chunk by chunk and across turns).
+  std::vector<at::Tensor> h2o_scores;
+  // Record the scores the final top-k ranked (CompressionResult::final_scores), so a test
+  // can tell a near-tie from a real difference between two selections.
+  bool record_scores = false;
   LookaheadDecoder* decoder = nullptr;         // required by laq and echokv
   // Optional progress: (phase name, steps done, steps total).
   std::function<void(const std::string&, int64_t, int64_t)> progress;
@@ -57,9 +65,15 @@ struct CompressionResult {
   // into context->keys(l) along dim 1) kept in layer l.
   std::vector<at::Tensor> indices;
   CompressionReport report;
+  // When input.record_scores: per layer [G, m] float32 CPU, the group scores the final
+  // top-k ranked over the candidate prefix 0..m-1 (indices below m were chosen by them;
+  // the rest of the selection is positional). Undefined for a layer selected by
+  // position only (L <= B, StreamingLLM, a window-only budget).
+  std::vector<at::Tensor> final_scores;
 };
 
-// Runs `config.policy` (validated first) on `input`.
+// Runs `config.policy` (validated first) on `input`: CompressionTask (task.h) driven
+// to completion with input.decoder.
 absl::StatusOr<CompressionResult> Compress(const CompressionConfig& config,
                                            const CompressionInput& input);
 

@@ -65,7 +65,8 @@ at::Tensor FutureHeadScores(const model::KvCache& context, int layer, const at::
 
 absl::StatusOr<at::Tensor> SnapKvSelect(const model::KvCache& context, int layer,
                                         const WindowQueries& window_queries, int64_t window,
-                                        int64_t kernel, int64_t capacity, bool* scored) {
+                                        int64_t kernel, int64_t capacity, bool* scored,
+                                        at::Tensor* scores_out) {
   const int64_t groups = context.num_kv_heads();
   const int64_t n = context.size(layer);
   if (n <= capacity) return KeepAll(groups, n);  // §8.3: L <= capacity keeps all
@@ -82,18 +83,22 @@ absl::StatusOr<at::Tensor> SnapKvSelect(const model::KvCache& context, int layer
   at::Tensor head_scores = CausalHeadScores(context, layer, window_queries);  // [H, n]
   at::Tensor group_scores = PooledPrefixGroupScores(head_scores, prefix, kernel, groups);
   if (scored != nullptr) *scored = true;
+  if (scores_out != nullptr) *scores_out = group_scores.to(at::kCPU, at::kFloat);
   return TopKPrefixPlusTail(group_scores, prefix, k, n);
 }
 
 absl::StatusOr<std::vector<at::Tensor>> SnapKvSelectLayers(const CompressionConfig& config,
                                                            const CompressionInput& input,
                                                            const std::vector<int64_t>& capacities,
-                                                           bool* scored) {
+                                                           bool* scored,
+                                                           std::vector<at::Tensor>* scores_out) {
   std::vector<at::Tensor> kept;
+  if (scores_out != nullptr) scores_out->assign(input.context->num_layers(), at::Tensor());
   for (int l = 0; l < input.context->num_layers(); ++l) {
     ECHOKV_ASSIGN_OR_RETURN(
         at::Tensor idx, SnapKvSelect(*input.context, l, LastQueries(input, l, config.snapkv_window),
-                                     config.snapkv_window, config.snapkv_kernel, capacities[l], scored));
+                                     config.snapkv_window, config.snapkv_kernel, capacities[l], scored,
+                                     scores_out != nullptr ? &(*scores_out)[l] : nullptr));
     kept.push_back(std::move(idx));
   }
   return kept;

@@ -64,16 +64,20 @@ at::Tensor FutureHeadScores(const model::KvCache& context, int layer, const at::
 // entries, w = min(window, capacity). The window queries score the prefix; when fewer
 // than `window` are available (grown sessions) the available ones are used. Sets
 // *scored when Eq. 3 ran. Returns [G, min(capacity, n)] int64 CPU ascending.
+// `scores_out` (may be null) receives the pooled group scores [G, prefix] it ranked.
 absl::StatusOr<at::Tensor> SnapKvSelect(const model::KvCache& context, int layer,
                                         const WindowQueries& window_queries, int64_t window,
-                                        int64_t kernel, int64_t capacity, bool* scored);
+                                        int64_t kernel, int64_t capacity, bool* scored,
+                                        at::Tensor* scores_out = nullptr);
 
 // SnapKvSelect for every layer of input.context, layer l with capacity capacities[l],
 // scored by the last config.snapkv_window context queries. Sets *scored when Eq. 3 ran.
+// `scores_out` (may be null) receives each layer's ranked scores (SnapKvSelect).
 absl::StatusOr<std::vector<at::Tensor>> SnapKvSelectLayers(const CompressionConfig& config,
                                                            const CompressionInput& input,
                                                            const std::vector<int64_t>& capacities,
-                                                           bool* scored);
+                                                           bool* scored,
+                                                           std::vector<at::Tensor>* scores_out = nullptr);
 
 // PyramidKV per-layer budgets (window included) of ALGORITHM.md §8.4: with
 // w = min(window, budget), C = budget - w, B_min = floor(C/20), B_max = 2C - B_min,
@@ -105,7 +109,7 @@ class PhaseClock {
   std::chrono::steady_clock::time_point start_;   // start of the current phase
 };
 
-// The policies. Each fills result->indices (one [G, n_l] tensor per layer) and the
+// The single-phase policies (LAQ and EchoKV are state machines in task.cc). Each fills result->indices (one [G, n_l] tensor per layer) and the
 // report's phases, forward/scoring passes, overlaps and lookahead tokens; Compress()
 // fills the rest. Called only when some layer holds more than `budget` entries (except
 // RunFull) and after the input was checked for the policy's needs.
@@ -119,10 +123,6 @@ absl::Status RunSnapKv(const CompressionConfig& config, const CompressionInput& 
                        CompressionResult* result);
 absl::Status RunPyramidKv(const CompressionConfig& config, const CompressionInput& input,
                           CompressionResult* result);
-absl::Status RunLaq(const CompressionConfig& config, const CompressionInput& input,
-                    CompressionResult* result);
-absl::Status RunEchoKv(const CompressionConfig& config, const CompressionInput& input,
-                       CompressionResult* result);
 
 }  // namespace echokv::compression::internal
 
