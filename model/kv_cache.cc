@@ -200,6 +200,34 @@ KvCache KvCache::Clone() const {
   return out;
 }
 
+absl::StatusOr<KvCache> KvCache::ClonePrefix(int64_t n) const {
+  KvCache out(num_layers(), num_kv_heads_, head_dim_, options_);
+  out.cells_ = cells_;
+  for (int l = 0; l < num_layers(); ++l) {
+    if (n < 0 || n > size(l)) {
+      return absl::OutOfRangeError(absl::StrCat("ClonePrefix(", n, "): layer ", l, " holds ", size(l)));
+    }
+    ECHOKV_RETURN_IF_ERROR(out.cells_.Truncate(l, n));
+    if (n > 0) {
+      out.layers_[l].k = keys(l).narrow(1, 0, n).clone();
+      out.layers_[l].v = values(l).narrow(1, 0, n).clone();
+    }
+  }
+  out.next_position_ = n > 0 && num_layers() > 0 ? cells_.positions(0, 0)[n - 1] + 1 : 0;
+  return out;
+}
+
+absl::Status KvCache::TruncateTo(int64_t n, int64_t next_position) {
+  for (int l = 0; l < num_layers(); ++l) {
+    if (n < 0 || n > size(l)) {
+      return absl::OutOfRangeError(absl::StrCat("TruncateTo(", n, "): layer ", l, " holds ", size(l)));
+    }
+  }
+  for (int l = 0; l < num_layers(); ++l) ECHOKV_RETURN_IF_ERROR(cells_.Truncate(l, n));
+  next_position_ = next_position;
+  return absl::OkStatus();
+}
+
 int64_t KvCache::KvBytes() const {
   const int64_t elem = static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(options_.dtype())));
   int64_t entries = 0;

@@ -73,6 +73,13 @@ class KvCache {
   static absl::StatusOr<KvCache> Gather(const KvCache& src, const std::vector<at::Tensor>& indices);
   // A deep copy (for forking a session).
   KvCache Clone() const;
+  // A deep copy of the first n entries of every layer and group (n <= size(l) for every
+  // layer); next_position = one past the last kept position (of layer 0, group 0; 0
+  // when n = 0). Meant for full caches, whose groups all hold positions 0..size-1.
+  absl::StatusOr<KvCache> ClonePrefix(int64_t n) const;
+  // Drops every entry after the first n of each layer and sets next_position; the
+  // storage is kept (a turn that failed is rolled back without a copy).
+  absl::Status TruncateTo(int64_t n, int64_t next_position);
 
   // Bytes of keys and values actually held: 2 * sum_l(G * n_l * d) * sizeof(dtype)
   // (ALGORITHM.md §7; capacity slack is not counted).

@@ -85,4 +85,15 @@ absl::Status KvCells::Select(int layer, const std::vector<std::vector<int64_t>>&
   return absl::OkStatus();
 }
 
+absl::Status KvCells::Truncate(int layer, int64_t n) {
+  if (layer < 0 || layer >= num_layers()) {
+    return absl::OutOfRangeError(absl::StrCat("layer ", layer, " out of range [0, ", num_layers(), ")"));
+  }
+  if (n < 0 || n > size(layer)) {
+    return absl::OutOfRangeError(absl::StrCat("truncate to ", n, " entries; layer ", layer, " holds ", size(layer)));
+  }
+  for (auto& group : layers_[layer]) group.resize(static_cast<size_t>(n));
+  return absl::OkStatus();
+}
+
 }  // namespace echokv::model

@@ -40,6 +40,8 @@ class KvCells {
   // Keeps, per group, the entries at the given indices (ascending, unique, in range,
   // the same count for every group). indices.size() must equal num_kv_heads().
   absl::Status Select(int layer, const std::vector<std::vector<int64_t>>& indices);
+  // Keeps the first n entries of every group of `layer` (n <= size(layer)).
+  absl::Status Truncate(int layer, int64_t n);
 
   bool operator==(const KvCells& other) const {
     return num_kv_heads_ == other.num_kv_heads_ && layers_ == other.layers_;
