@@ -1,26 +1,29 @@
+// The engine loop: inbox -> schedule -> run -> outputs -> reap (engine.h). The pieces
+// live in their own files: SessionStore (bookkeeping), Scheduler (what runs), Runner
+// (batched decode rows), TurnJob (prefill + compression state machines), Stream
+// (sampling and deltas), WorkerPool (edge threads for validation and tokenization).
 #include "server/engine.h"
 
 #include <ATen/ATen.h>
-#include <sys/random.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <deque>
 #include <exception>
-#include <list>
 #include <thread>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "compression/pipeline.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
+#include "server/generation.h"
+#include "server/runner.h"
+#include "server/scheduler.h"
+#include "server/session_data.h"
+#include "server/turn_job.h"
+#include "server/worker_pool.h"
 
 #ifndef ECHOKV_VERSION
 #define ECHOKV_VERSION "0.0.0"
@@ -33,481 +36,253 @@ absl::Status EngineLimits::Validate() const {
   if (max_new_tokens < 1) return absl::InvalidArgumentError("max_new_tokens must be >= 1");
   if (max_sessions < 1) return absl::InvalidArgumentError("max_sessions must be >= 1");
   if (max_kv_bytes < 1) return absl::InvalidArgumentError("max_kv_bytes must be >= 1");
+  if (max_cold_bytes < 0) return absl::InvalidArgumentError("max_cold_bytes must be >= 0");
   if (session_ttl <= absl::ZeroDuration()) return absl::InvalidArgumentError("session_ttl must be > 0");
-  if (max_session_ttl < session_ttl) {
-    return absl::InvalidArgumentError("max_session_ttl must be >= session_ttl");
-  }
+  if (max_session_ttl < session_ttl) return absl::InvalidArgumentError("max_session_ttl must be >= session_ttl");
   if (max_concurrent_streams < 1) return absl::InvalidArgumentError("max_concurrent_streams must be >= 1");
   if (max_request_bytes < 1) return absl::InvalidArgumentError("max_request_bytes must be >= 1");
+  if (max_stream_backlog < 1) return absl::InvalidArgumentError("max_stream_backlog must be >= 1");
   return absl::OkStatus();
 }
 
 absl::Status EngineConfig::Validate() const {
   if (model_dir.empty()) return absl::InvalidArgumentError("model: a model directory is required");
   if (prefill_chunk < 1) return absl::InvalidArgumentError("prefill_chunk must be >= 1");
+  if (max_step_tokens < 1) return absl::InvalidArgumentError("max_step_tokens must be >= 1");
+  if (edge_threads < 1) return absl::InvalidArgumentError("edge_threads must be >= 1");
+  if (stuck_after <= absl::ZeroDuration()) return absl::InvalidArgumentError("stuck_after must be > 0");
+  if (!replica_id.empty() && !IsValidSessionId(absl::StrCat(replica_id, ".", std::string(32, '0')))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replica_id must be a DNS label ([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?), got ", EscapedIdPrefix(replica_id)));
+  }
   if (absl::Status s = default_compression.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("default compression: ", s.message()));
   }
   return limits.Validate();
 }
 
-absl::StatusOr<std::string> NewSessionId() {
-  unsigned char bytes[16];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(absl::StrCat("getrandom failed: ", std::strerror(errno)));
-    }
-    got += static_cast<size_t>(n);
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string id(32, '0');
-  for (int i = 0; i < 16; ++i) {
-    id[2 * i] = kHex[bytes[i] >> 4];
-    id[2 * i + 1] = kHex[bytes[i] & 15];
-  }
-  return id;
-}
-
 namespace {
 
-// The caller's cancel flag, or a fresh one when it passed none.
 CancelFlag OrFreshFlag(CancelFlag cancel) {
   return cancel != nullptr ? std::move(cancel) : std::make_shared<std::atomic<bool>>(false);
 }
 
-double SecondsSince(absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t); }
-
-absl::Status NotFound(const std::string& id) {
-  return absl::NotFoundError(
-      absl::StrCat("session ", id, " not found (unknown, deleted or expired)"));
-}
-
-absl::Status Busy(const std::string& id) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "session ", id, " is busy: another mutation (append, generate with commit, delete) "
-      "is in progress; retry when it finishes"));
-}
-
 bool IsLookaheadPolicy(compression::PolicyKind kind) {
-  switch (kind) {
-    case compression::PolicyKind::kLaq:
-    case compression::PolicyKind::kEchoKv:
-      return true;
-    case compression::PolicyKind::kFull:
-    case compression::PolicyKind::kStreamingLlm:
-    case compression::PolicyKind::kH2o:
-    case compression::PolicyKind::kSnapKv:
-    case compression::PolicyKind::kPyramidKv:
-      return false;
-  }
-  return false;
+  return kind == compression::PolicyKind::kLaq || kind == compression::PolicyKind::kEchoKv;
 }
 
-// The compact cache and state of one session (engine thread only).
-struct Session {
-  std::string id;
-  model::KvCache cache;                        // compact cache, next_position = tokens_seen
-  at::Tensor last_logits;                      // [V] float32 CPU: logits for the next token
-  compression::CompressionConfig config;       // resolved; used for every re-compression
-  compression::CompressionReport last_report;  // the latest compression
-  int64_t tokens_seen = 0;                     // every token prefilled or committed
-  absl::Time created;
-  absl::Time last_used;                        // idle timer start
-  absl::Duration ttl;                          // idle expiry
-  bool busy = false;                           // a mutation holds the session
-};
+// The limit a RESOURCE_EXHAUSTED message names first ("max_sessions (...", ...).
+std::string LimitName(const absl::Status& s) {
+  const std::string msg(s.message());
+  const size_t end = msg.find_first_of(" (");
+  return msg.substr(0, end);
+}
 
-// A prefill + compression unit of work (create, append, commit, stateless compress).
-struct PrefillJob {
-  enum class Kind { kCreate, kAppend, kCommit, kCompress };
-  Kind kind = Kind::kCreate;
-  InputSpec input;                          // kCreate / kAppend / kCompress
-  std::vector<int> tokens;                  // kCommit: the generated ids
-  compression::CompressionConfig config;    // kCreate / kCompress
-  std::string session_id;                   // kAppend / kCommit
-  std::optional<absl::Duration> ttl;        // kCreate
-  CancelFlag cancel;                        // never null
-  ProgressFn progress;                      // may be empty
-  DoneFn<SessionInfo> session_done;         // kCreate / kAppend
-  DoneFn<CompressOutcome> compress_done;    // kCompress
-  DoneFn<GenerateSummary> generate_done;    // kCommit
-  GenerateSummary summary;                  // kCommit: the finished generation
-  absl::Time admitted;                      // for elapsed_seconds
-};
-
-// One Generate stream (engine thread only).
-struct Generation {
-  GenerateParams params;
-  CancelFlag cancel;                              // never null
-  DeltaFn on_delta;
-  DoneFn<GenerateSummary> done;
-  model::KvCache cache;                           // private copy of the session's cache
-  at::Tensor logits;                              // [V] float32 CPU, next-token logits
-  int pending_token = -1;                         // sampled, not yet decoded into cache
-  std::unique_ptr<model::Sampler> sampler;
-  model::StopCriteria stop;
-  std::unique_ptr<model::IncrementalDecoder> decoder;
-  std::vector<int> generated;                     // every sampled token (no eos/stop id)
-  std::string held;                               // text withheld: may start a stop string
-  int64_t prompt_tokens = 0;                      // session tokens when admitted
+// A prefill / compression job with what its completion needs.
+struct ActiveJob {
+  uint64_t id = 0;
+  std::unique_ptr<TurnJob> turn;
+  CancelFlag cancel;                                      // never null
+  Caller caller;
+  std::string session_id;                                 // append / commit
+  std::optional<SessionStore::Reservation> reservation;   // create
+  std::optional<absl::Duration> ttl;                      // create
+  DoneFn<SessionInfo> session_done;                       // create / append
+  DoneFn<CompressOutcome> compress_done;                  // compress
+  std::unique_ptr<Stream> stream;                         // commit: the finished stream
+  GenerateSummary summary;                                // commit
   absl::Time admitted;
-  absl::Time first_token;
-  absl::Time last_token;
 };
 
 }  // namespace
 
-struct Engine::Impl {
+class Engine::Impl {
+ public:
   EngineConfig config;
-  EngineObserver* observer = nullptr;                // not owned; may be null
   ServerFacts facts;
-  std::unique_ptr<model::Transformer> model;
-  std::unique_ptr<model::Tokenizer> tokenizer;
-  std::optional<model::ChatTemplate> chat;           // unset: chat input unsupported
-  std::string chat_error;                            // why chat is unsupported
-  int64_t bytes_per_token = 0;                       // full-cache KV bytes of one token
+  EngineObserver* observer = nullptr;  // not owned; may be null
+  const Clock* clock = nullptr;        // not owned
+  std::shared_ptr<const model::Transformer> model;
+  std::shared_ptr<const model::Tokenizer> tokenizer;
+  std::optional<model::ChatTemplate> chat;  // unset: chat input unsupported
+  std::string chat_error;                   // why chat is unsupported
+  int64_t bytes_per_token = 0;              // full-cache KV bytes of one token
+  int64_t max_piece_bytes = 0;              // longest vocabulary piece (early size bound)
+  std::vector<int> eos_ids;                 // the tokenizer's and the model's
+  std::unique_ptr<SessionStore> store;
+  std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<Runner> runner;
+  std::unique_ptr<WorkerPool> edge;
 
   mutable absl::Mutex mu;
-  std::deque<std::function<void()>> tasks ABSL_GUARDED_BY(mu);       // quick work
-  bool accepting ABSL_GUARDED_BY(mu) = true;         // false once Shutdown begins
-  bool stop ABSL_GUARDED_BY(mu) = false;             // the thread should exit
+  std::deque<std::function<void()>> inbox ABSL_GUARDED_BY(mu);  // admissions and quick tasks
+  bool accepting ABSL_GUARDED_BY(mu) = true;  // false once Shutdown begins
+  bool stop ABSL_GUARDED_BY(mu) = false;      // the thread should exit
+  bool wake ABSL_GUARDED_BY(mu) = false;      // something became runnable
   std::vector<std::weak_ptr<std::atomic<bool>>> cancels ABSL_GUARDED_BY(mu);  // for CancelAll
-  std::atomic<int> pending_prefill{0};               // prefill_jobs.size(), for QueueDepth
+  std::atomic<int> work_items{0};             // jobs + streams on the engine thread
+  std::atomic<int64_t> last_progress_ns{0};   // clock time of the last completed step or idle wait
   std::thread thread;
 
   // ---- engine thread only ----
-  absl::flat_hash_map<std::string, std::unique_ptr<Session>> sessions;
-  std::deque<std::shared_ptr<PrefillJob>> prefill_jobs;
-  std::list<std::unique_ptr<Generation>> generations;
-  int reserved_sessions = 0;        // creates admitted, not finished
-  int64_t reserved_kv_bytes = 0;    // estimated bytes of those creates
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<std::unique_ptr<ActiveJob>> jobs;
+  uint64_t next_work_id = 1;
   absl::Time next_reap = absl::InfinitePast();
-
-  bool HasTasksOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !tasks.empty() || stop; }
 
   // Queues `task` for the engine thread; false after Shutdown.
   bool Post(std::function<void()> task, const CancelFlag& cancel = nullptr) {
     absl::MutexLock lock(&mu);
     if (!accepting) return false;
     if (cancel != nullptr) {
-      cancels.erase(std::remove_if(cancels.begin(), cancels.end(),
-                                   [](const auto& w) { return w.expired(); }),
+      cancels.erase(std::remove_if(cancels.begin(), cancels.end(), [](const auto& w) { return w.expired(); }),
                     cancels.end());
       cancels.push_back(cancel);
     }
-    tasks.push_back(std::move(task));
+    inbox.push_back(std::move(task));
     return true;
   }
 
-  void RunQueuedTasks() {
-    std::deque<std::function<void()>> batch;
-    {
-      absl::MutexLock lock(&mu);
-      batch.swap(tasks);
-    }
-    for (auto& t : batch) t();
-  }
-
   void Loop();
+  void Step();
+  bool HasRunnableWork();
+  void RunInbox();
   void Reap();
-  void DecodeRound();
-  bool Step(Generation& g);  // true when the generation left the active list
-  void RunPrefill(PrefillJob& job);
-  absl::Status RunPrefillOrError(PrefillJob& job);
-  absl::StatusOr<std::vector<int>> Tokenize(const InputSpec& input, bool default_special);
+  void DropCancelled();
+  void DrainOnShutdown();
   void ReportGauges();
+  void Heartbeat() { last_progress_ns.store(absl::ToUnixNanos(clock->Now())); }
 
-  int64_t LiveRetainedBytes() const {
-    int64_t total = 0;
-    for (const auto& [id, s] : sessions) total += s->cache.KvBytes();
-    return total;
-  }
+  // Completion paths.
+  void FinishStream(std::unique_ptr<Stream> s);
+  void FailStream(Stream& s, absl::Status status);
+  void CompleteJob(ActiveJob& j);
+  void FailJob(ActiveJob& j, absl::Status status);
+  void ReportCompression(const TurnJob& t);
 
-  SessionInfo Info(const Session& s) const {
-    SessionInfo info;
-    info.id = s.id;
-    info.tokens_seen = s.tokens_seen;
-    info.retained_entries = s.cache.cells().TotalEntries();
-    info.retained_kv_bytes = s.cache.KvBytes();
-    info.full_kv_bytes = s.cache.FullEquivalentKvBytes(s.tokens_seen);
-    info.config = s.config;
-    info.last_report = s.last_report;
-    info.created = s.created;
-    info.last_used = s.last_used;
-    info.ttl = s.ttl;
-    info.busy = s.busy;
-    return info;
-  }
+  // Admissions (engine thread).
+  void AdmitCreate(std::shared_ptr<CreateRequest> req, CancelFlag cancel, ProgressFn progress,
+                   DoneFn<SessionInfo> done, std::vector<int> tokens, absl::Time admitted);
+  void AdmitAppend(std::shared_ptr<AppendRequest> req, CancelFlag cancel, ProgressFn progress,
+                   DoneFn<SessionInfo> done, std::vector<int> tokens, absl::Time admitted);
+  void AdmitGenerate(std::unique_ptr<Stream> s);
 
-  // The live session `id`, expiring it first when idle too long; null if none.
-  Session* Find(const std::string& id) {
-    auto it = sessions.find(id);
-    if (it == sessions.end()) return nullptr;
-    Session* s = it->second.get();
-    if (!s->busy && absl::Now() - s->last_used > s->ttl) {
-      sessions.erase(it);
-      if (observer != nullptr) observer->OnSessionExpired();
-      ECHOKV_LOG(INFO) << "a session expired (idle beyond its ttl)";
-      return nullptr;
-    }
-    return s;
-  }
-
-  absl::Status CheckTtl(const std::optional<absl::Duration>& ttl) const {
-    if (!ttl.has_value()) return absl::OkStatus();
-    if (*ttl <= absl::ZeroDuration() || *ttl > config.limits.max_session_ttl) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ttl_seconds must be in [1, ", absl::ToInt64Seconds(config.limits.max_session_ttl),
-          "] (max_session_ttl), got ", absl::ToInt64Seconds(*ttl)));
-    }
-    return absl::OkStatus();
-  }
-
-  void Reject(absl::string_view limit) {
-    if (observer != nullptr) observer->OnSessionRejected(limit);
+  absl::StatusOr<std::vector<int>> Tokenize(const InputSpec& input, bool default_special, int64_t max_tokens,
+                                            int64_t held) const;
+  absl::Status CheckTtl(const std::optional<absl::Duration>& ttl) const;
+  SessionInfo Info(const SessionMeta& m) const;
+  SessionMeta MetaFor(const SessionData& data, const compression::CompressionReport& report, MemoryMode memory) const;
+  std::vector<LayerCacheInfo> Layers(const model::KvCells& cells, bool positions) const;
+  std::function<void(const std::string&, int64_t, int64_t)> ProgressAdapter(ProgressFn progress,
+                                                                            absl::Time admitted) const;
+  void Reject(const absl::Status& s) {
+    if (observer != nullptr && absl::IsResourceExhausted(s)) observer->OnSessionRejected(LimitName(s));
   }
 };
 
 // ------------------------------------------------------------------------------
-// Engine thread
+// Helpers
 
-void Engine::Impl::Loop() {
-  while (true) {
-    bool stopping = false;
-    {
-      absl::MutexLock lock(&mu);
-      if (prefill_jobs.empty() && generations.empty()) {
-        mu.AwaitWithTimeout(absl::Condition(this, &Impl::HasTasksOrStop), absl::Milliseconds(200));
-      }
-      stopping = stop;
-    }
-    RunQueuedTasks();
-    if (stopping) {
-      // Everything still here was cancelled by Shutdown; finish it all.
-      for (auto& g : generations) g->cancel->store(true);
-      while (!generations.empty()) DecodeRound();
-      while (!prefill_jobs.empty()) {
-        std::shared_ptr<PrefillJob> job = std::move(prefill_jobs.front());
-        prefill_jobs.pop_front();
-        pending_prefill.fetch_sub(1);
-        job->cancel->store(true);
-        RunPrefill(*job);
-        while (!generations.empty()) DecodeRound();
-      }
-      sessions.clear();
-      ReportGauges();
-      return;
-    }
-    Reap();
-    DecodeRound();
-    if (!prefill_jobs.empty()) {
-      std::shared_ptr<PrefillJob> job = std::move(prefill_jobs.front());
-      prefill_jobs.pop_front();
-      pending_prefill.fetch_sub(1);
-      RunPrefill(*job);
-    }
-    ReportGauges();
+absl::Status Engine::Impl::CheckTtl(const std::optional<absl::Duration>& ttl) const {
+  if (!ttl.has_value()) return absl::OkStatus();
+  if (*ttl <= absl::ZeroDuration() || *ttl > config.limits.max_session_ttl) {
+    return absl::InvalidArgumentError(absl::StrCat("ttl_seconds must be in [1, ",
+                                                   absl::ToInt64Seconds(config.limits.max_session_ttl),
+                                                   "] (max_session_ttl), got ", absl::ToInt64Seconds(*ttl)));
   }
+  return absl::OkStatus();
 }
 
-void Engine::Impl::Reap() {
-  const absl::Time now = absl::Now();
-  if (now < next_reap) return;
-  next_reap = now + absl::Milliseconds(200);
-  for (auto it = sessions.begin(); it != sessions.end();) {
-    const Session& s = *it->second;
-    if (!s.busy && now - s.last_used > s.ttl) {
-      sessions.erase(it++);
-      if (observer != nullptr) observer->OnSessionExpired();
-      ECHOKV_LOG(INFO) << "a session expired (idle beyond its ttl)";
-    } else {
-      ++it;
-    }
-  }
+SessionInfo Engine::Impl::Info(const SessionMeta& m) const {
+  SessionInfo info;
+  info.id = m.id;
+  info.memory = m.memory;
+  info.tokens_seen = m.tokens_seen;
+  info.retained_entries = m.retained_entries;
+  info.retained_kv_bytes = m.hot_bytes;
+  info.full_kv_bytes = m.full_bytes;
+  info.cold_kv_bytes = m.cold_bytes;
+  info.config = m.config;
+  info.last_report = m.last_report;
+  info.created = m.created;
+  info.last_used = m.last_used;
+  info.ttl = m.ttl;
+  info.busy = m.busy;
+  return info;
 }
 
-void Engine::Impl::ReportGauges() {
-  if (observer == nullptr) return;
-  EngineGauges g;
-  g.live_sessions = static_cast<int>(sessions.size());
-  for (const auto& [id, s] : sessions) {
-    g.retained_kv_bytes += s->cache.KvBytes();
-    g.full_kv_bytes += s->cache.FullEquivalentKvBytes(s->tokens_seen);
+SessionMeta Engine::Impl::MetaFor(const SessionData& data, const compression::CompressionReport& report,
+                                  MemoryMode memory) const {
+  SessionMeta m;
+  m.memory = memory;
+  m.config = report.config;
+  m.last_report = report;
+  m.tokens_seen = static_cast<int64_t>(data.tokens.size());
+  m.retained_entries = data.hot.cells().TotalEntries();
+  m.hot_bytes = data.hot.KvBytes();
+  m.full_bytes = data.hot.FullEquivalentKvBytes(m.tokens_seen);
+  if (data.cold != nullptr) {
+    m.cold_bytes = data.cold->FullEquivalentKvBytes(data.cold_len);
+    m.cold_in_memory = true;
   }
-  {
-    absl::MutexLock lock(&mu);
-    g.queue_depth = static_cast<int>(tasks.size());
-  }
-  g.queue_depth += pending_prefill.load();
-  g.active_generations = static_cast<int>(generations.size());
-  observer->OnGauges(g);
+  return m;
 }
 
-void Engine::Impl::DecodeRound() {
-  for (auto it = generations.begin(); it != generations.end();) {
-    if (Step(**it)) {
-      it = generations.erase(it);  // over: its callback ran or its commit job is queued
-    } else {
-      ++it;
+std::vector<LayerCacheInfo> Engine::Impl::Layers(const model::KvCells& cells, bool positions) const {
+  const int64_t row = bytes_per_token / std::max(1, facts.num_layers * facts.num_kv_heads);
+  std::vector<LayerCacheInfo> out;
+  for (int l = 0; l < cells.num_layers(); ++l) {
+    LayerCacheInfo layer;
+    layer.retained = cells.size(l);
+    for (int g = 0; g < cells.num_kv_heads(); ++g) {
+      GroupCache gc;
+      gc.retained = static_cast<int64_t>(cells.positions(l, g).size());
+      if (positions) gc.positions = cells.positions(l, g);
+      gc.kv_bytes = gc.retained * row;
+      layer.kv_bytes += gc.kv_bytes;
+      layer.groups.push_back(std::move(gc));
     }
+    out.push_back(std::move(layer));
   }
+  return out;
 }
 
-namespace {
-
-// Length of the longest suffix of `text` that is a proper prefix of some stop string.
-size_t HeldSuffix(const std::string& text, const std::vector<std::string>& stops) {
-  size_t best = 0;
-  for (const std::string& s : stops) {
-    for (size_t k = std::min(text.size(), s.size() - 1); k > best; --k) {
-      if (text.compare(text.size() - k, k, s, 0, k) == 0) {
-        best = k;
-        break;
-      }
-    }
-  }
-  return best;
-}
-
-}  // namespace
-
-// One decode step of `g`: decode the previously sampled token, sample the next, emit
-// its text. Returns true when the generation is over; then its final callback has run
-// (or its commit job is queued) and the caller drops `g`.
-bool Engine::Impl::Step(Generation& g) {
-  auto fail = [&](absl::Status status) {
-    if (g.params.commit) {
-      if (Session* s = Find(g.params.session_id)) s->busy = false;
-    }
-    g.done(std::move(status));
-    return true;
+std::function<void(const std::string&, int64_t, int64_t)> Engine::Impl::ProgressAdapter(ProgressFn progress,
+                                                                                        absl::Time admitted) const {
+  if (!progress) return nullptr;
+  const Clock* c = clock;
+  return [progress, admitted, c](const std::string& phase, int64_t done, int64_t total) {
+    progress(ProgressEvent{phase, done, total, absl::ToDoubleSeconds(c->Now() - admitted)});
   };
-  if (g.cancel->load()) return fail(absl::CancelledError("generation cancelled"));
-  FinishReason reason = FinishReason::kLength;
-  bool finished = false;
-  try {
-    if (g.pending_token >= 0) {
-      absl::StatusOr<model::DecodeResult> step = model->Decode(g.pending_token, &g.cache);
-      if (!step.ok()) return fail(step.status());
-      g.logits = std::move(step->logits);
-      g.pending_token = -1;
-    }
-    at::Tensor logits = g.logits.to(at::kFloat).contiguous();
-    const int token = g.sampler->Sample(
-        absl::MakeConstSpan(logits.data_ptr<float>(), static_cast<size_t>(logits.numel())));
-    const model::StopReason stop = g.stop.Check(token, static_cast<int>(g.generated.size()) + 1);
-    switch (stop) {
-      case model::StopReason::kEos:
-        reason = FinishReason::kEos;
-        finished = true;
-        break;
-      case model::StopReason::kStopId:
-        reason = FinishReason::kStopToken;
-        finished = true;
-        break;
-      case model::StopReason::kLength:
-      case model::StopReason::kNone:
-        break;
-    }
-    GenerateDelta delta;
-    if (!finished) {
-      g.generated.push_back(token);
-      const absl::Time now = absl::Now();
-      if (g.generated.size() == 1) {
-        g.first_token = now;
-        if (observer != nullptr) observer->OnFirstToken(absl::ToDoubleSeconds(now - g.admitted));
-      } else if (observer != nullptr) {
-        observer->OnInterToken(absl::ToDoubleSeconds(now - g.last_token));
-      }
-      g.last_token = now;
-      absl::StatusOr<std::string> text = g.decoder->Add(token);
-      if (!text.ok()) return fail(text.status());
-      g.held += *text;
-      delta.ids.push_back(token);
-      // Stop strings: emit up to the first match and finish, else hold back any tail
-      // that could begin one.
-      size_t cut = std::string::npos;
-      for (const std::string& s : g.params.stop) {
-        const size_t p = g.held.find(s);
-        if (p != std::string::npos) cut = std::min(cut, p);
-      }
-      if (cut != std::string::npos) {
-        delta.text = g.held.substr(0, cut);
-        g.held.clear();
-        reason = FinishReason::kStopString;
-        finished = true;
-      } else {
-        const size_t keep = HeldSuffix(g.held, g.params.stop);
-        delta.text = g.held.substr(0, g.held.size() - keep);
-        g.held.erase(0, g.held.size() - keep);
-        if (stop == model::StopReason::kLength) {
-          reason = FinishReason::kLength;
-          finished = true;
-        }
-      }
-      if (!finished) g.pending_token = token;
-    }
-    if (finished && reason != FinishReason::kStopString) {
-      absl::StatusOr<std::string> rest = g.decoder->Finish();
-      if (!rest.ok()) return fail(rest.status());
-      g.held += *rest;
-      delta.text += g.held;
-      g.held.clear();
-    }
-    if (!delta.text.empty() || !delta.ids.empty()) g.on_delta(std::move(delta));
-  } catch (const std::exception& e) {
-    return fail(absl::InternalError(absl::StrCat("generation failed: ", e.what())));
-  }
-  if (!finished) return false;
-
-  // Summary (and the commit, which runs as a prefill job before `done`).
-  GenerateSummary summary;
-  summary.reason = reason;
-  summary.prompt_tokens = g.prompt_tokens;
-  summary.generated_tokens = static_cast<int>(g.generated.size());
-  const absl::Time now = absl::Now();
-  summary.total_seconds = absl::ToDoubleSeconds(now - g.admitted);
-  if (!g.generated.empty()) {
-    summary.time_to_first_token_seconds = absl::ToDoubleSeconds(g.first_token - g.admitted);
-    const double decode = absl::ToDoubleSeconds(g.last_token - g.first_token);
-    summary.tokens_per_second =
-        (g.generated.size() > 1 && decode > 0) ? (g.generated.size() - 1) / decode : 0;
-  }
-  if (observer != nullptr) observer->OnGeneratedTokens(static_cast<int64_t>(g.generated.size()));
-  if (g.params.commit && !g.generated.empty()) {
-    auto job = std::make_shared<PrefillJob>();
-    job->kind = PrefillJob::Kind::kCommit;
-    job->tokens = g.generated;
-    job->session_id = g.params.session_id;
-    job->cancel = g.cancel;
-    job->generate_done = std::move(g.done);
-    job->summary = std::move(summary);
-    job->admitted = g.admitted;
-    prefill_jobs.push_front(std::move(job));  // commit promptly: the session is held
-    pending_prefill.fetch_add(1);
-    return true;
-  }
-  if (g.params.commit) {
-    if (Session* s = Find(g.params.session_id)) {
-      s->busy = false;
-      s->last_used = absl::Now();
-      summary.session = Info(*s);
-    }
-  }
-  g.done(std::move(summary));
-  return true;
 }
 
-absl::StatusOr<std::vector<int>> Engine::Impl::Tokenize(const InputSpec& input, bool default_special) {
+absl::StatusOr<std::vector<int>> Engine::Impl::Tokenize(const InputSpec& input, bool default_special,
+                                                       int64_t max_tokens, int64_t held) const {
+  int64_t bytes = static_cast<int64_t>(input.text.size()) + static_cast<int64_t>(input.tokens.size()) * 4;
+  for (const auto& m : input.chat) bytes += static_cast<int64_t>(m.content.size() + m.role.size());
+  if (bytes > config.limits.max_request_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("input: ", bytes, " bytes exceed max_request_bytes (",
+                                                   config.limits.max_request_bytes, ")"));
+  }
+  const int64_t max_ctx = facts.limits.max_context_tokens;
+  auto too_long = [&](int64_t n, bool at_least) {
+    return absl::InvalidArgumentError(absl::StrCat("input: ", at_least ? "at least " : "", n, " tokens",
+                                                   held > 0 ? absl::StrCat(" + ", held, " in the session") : "",
+                                                   " exceed max_context_tokens (", max_ctx, ")"));
+  };
   std::vector<int> ids;
   switch (input.kind) {
     case InputSpec::Kind::kNone:
       return absl::InvalidArgumentError("input: one of text, tokens or chat is required");
     case InputSpec::Kind::kText: {
       if (input.text.empty()) return absl::InvalidArgumentError("input.text: empty");
+      // A byte-level BPE token covers at most its piece's bytes (NFC composition at most
+      // halves them), so a text this long cannot fit: refuse it before tokenizing.
+      // TODO(#12): stop tokenization itself at the limit for every tokenizer.
+      if (tokenizer->kind() == "bpe" && max_piece_bytes > 0) {
+        const int64_t at_least = static_cast<int64_t>(input.text.size()) / (2 * max_piece_bytes);
+        if (at_least > max_tokens) return too_long(at_least, true);
+      }
       model::EncodeOptions eo;
       eo.add_special_tokens = input.add_special_tokens.value_or(default_special);
       eo.parse_special = false;  // user text: special-token strings stay plain text
@@ -519,9 +294,8 @@ absl::StatusOr<std::vector<int>> Engine::Impl::Tokenize(const InputSpec& input, 
       const int v = facts.vocab_size;
       for (size_t i = 0; i < input.tokens.size(); ++i) {
         if (input.tokens[i] < 0 || input.tokens[i] >= v) {
-          return absl::InvalidArgumentError(absl::StrCat("input.tokens.ids[", i, "] = ",
-                                                         input.tokens[i], " is outside the vocabulary [0, ",
-                                                         v, ")"));
+          return absl::InvalidArgumentError(absl::StrCat("input.tokens.ids[", i, "] = ", input.tokens[i],
+                                                         " is outside the vocabulary [0, ", v, ")"));
         }
       }
       ids = input.tokens;
@@ -530,205 +304,528 @@ absl::StatusOr<std::vector<int>> Engine::Impl::Tokenize(const InputSpec& input, 
     case InputSpec::Kind::kChat: {
       if (input.chat.empty()) return absl::InvalidArgumentError("input.chat: no messages");
       if (!chat.has_value()) {
-        return absl::UnimplementedError(
-            absl::StrCat("input.chat: this model has no usable chat template (", chat_error,
-                         "); send text or tokens instead"));
+        return absl::UnimplementedError(absl::StrCat("input.chat: this model has no usable chat template (",
+                                                     chat_error, "); send text or tokens instead"));
       }
       model::ChatTemplate tmpl = *chat;
       tmpl.add_generation_prompt = input.add_generation_prompt;
       absl::StatusOr<std::vector<int>> r = model::EncodeChat(tmpl, input.chat, *tokenizer);
-      if (!r.ok()) {
-        return absl::Status(r.status().code(), absl::StrCat("input.chat: ", r.status().message()));
-      }
+      if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("input.chat: ", r.status().message()));
       ids = std::move(*r);
       break;
     }
   }
   if (ids.empty()) return absl::InvalidArgumentError("input: no tokens after tokenization");
+  if (static_cast<int64_t>(ids.size()) > max_tokens) return too_long(static_cast<int64_t>(ids.size()), false);
   return ids;
 }
 
-void Engine::Impl::RunPrefill(PrefillJob& job) {
-  absl::Status status;
-  try {
-    status = RunPrefillOrError(job);
-  } catch (const std::exception& e) {
-    status = absl::InternalError(absl::StrCat("prefill/compression failed: ", e.what()));
+// ------------------------------------------------------------------------------
+// Engine thread
+
+bool Engine::Impl::HasRunnableWork() {
+  for (const auto& j : jobs) {
+    if (j->turn->next() != JobView::Next::kWaiting || j->cancel->load()) return true;
   }
-  if (status.ok()) return;  // RunPrefillOrError called the done callback
-  if (job.cancel->load() && !absl::IsCancelled(status)) {
+  for (const auto& s : streams) {
+    if (s->cancelled() || s->ready(config.limits.max_stream_backlog)) return true;
+  }
+  return false;
+}
+
+void Engine::Impl::Loop() {
+  while (true) {
+    bool stopping = false;
+    {
+      absl::MutexLock lock(&mu);
+      if (inbox.empty() && !stop && !wake && !HasRunnableWork()) {
+        mu.AwaitWithTimeout(absl::Condition(
+                                +[](Impl* impl) ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl->mu) {
+                                  return !impl->inbox.empty() || impl->stop || impl->wake;
+                                },
+                                this),
+                            absl::Milliseconds(200));
+      }
+      stopping = stop;
+      wake = false;
+    }
+    Heartbeat();  // an idle engine is not a stuck one
+    RunInbox();
+    if (stopping) {
+      DrainOnShutdown();
+      return;
+    }
+    Reap();
+    DropCancelled();
+    Step();
+    Heartbeat();
+    work_items.store(static_cast<int>(jobs.size() + streams.size()));
+    ReportGauges();
+  }
+}
+
+void Engine::Impl::RunInbox() {
+  std::deque<std::function<void()>> batch;
+  {
+    absl::MutexLock lock(&mu);
+    batch.swap(inbox);
+  }
+  for (auto& task : batch) task();
+}
+
+void Engine::Impl::Reap() {
+  const absl::Time now = clock->Now();
+  if (now < next_reap) return;
+  next_reap = now + absl::Milliseconds(200);
+  for (const std::string& id : store->ReapExpired()) {
+    (void)id;
+    if (observer != nullptr) observer->OnSessionExpired();
+    ECHOKV_LOG(INFO) << "a session expired (idle beyond its ttl)";
+  }
+}
+
+void Engine::Impl::DropCancelled() {
+  for (auto it = streams.begin(); it != streams.end();) {
+    if ((*it)->cancelled()) {
+      FailStream(**it, absl::CancelledError("generation cancelled"));
+      it = streams.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = jobs.begin(); it != jobs.end();) {
+    if ((*it)->cancel->load()) {
+      FailJob(**it, absl::CancelledError("cancelled"));
+      it = jobs.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Engine::Impl::Step() {
+  std::vector<StreamView> stream_views;
+  stream_views.reserve(streams.size());
+  for (const auto& s : streams) stream_views.push_back({s->id(), s->ready(config.limits.max_stream_backlog)});
+  std::vector<JobView> job_views;
+  job_views.reserve(jobs.size());
+  for (const auto& j : jobs) job_views.push_back({j->id, j->turn->next(), j->turn->prefill_remaining()});
+  const Plan plan = scheduler->Schedule(stream_views, job_views);
+  if (plan.empty()) return;
+
+  auto find_stream = [&](uint64_t id) -> Stream* {
+    for (auto& s : streams) {
+      if (s->id() == id) return s.get();
+    }
+    return nullptr;
+  };
+  auto find_job = [&](uint64_t id) -> ActiveJob* {
+    for (auto& j : jobs) {
+      if (j->id == id) return j.get();
+    }
+    return nullptr;
+  };
+  std::vector<uint64_t> failed_streams;
+  std::vector<uint64_t> failed_jobs;
+
+  // 1. One batched decode for every planned stream's pending token and lookahead row.
+  std::vector<Runner::Row> rows;
+  std::vector<Stream*> row_streams;  // null for job rows
+  std::vector<ActiveJob*> row_jobs;  // null for stream rows
+  for (uint64_t id : plan.decode_streams) {
+    Stream* s = find_stream(id);
+    if (s == nullptr || s->pending_token() < 0) continue;  // a fresh stream samples stored logits
+    rows.push_back({s->pending_token(), s->cache(), false});
+    row_streams.push_back(s);
+    row_jobs.push_back(nullptr);
+  }
+  for (uint64_t id : plan.decode_jobs) {
+    ActiveJob* j = find_job(id);
+    if (j == nullptr) continue;
+    std::optional<compression::CompressionTask::DecodeRequest> req = j->turn->pending_decode();
+    if (!req.has_value()) continue;
+    rows.push_back({req->token, req->view, true});
+    row_streams.push_back(nullptr);
+    row_jobs.push_back(j);
+  }
+  std::vector<absl::StatusOr<compression::LookaheadDecoder::Step>> results = runner->Decode(rows);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (row_streams[i] != nullptr) {
+      if (results[i].ok()) {
+        row_streams[i]->SetLogits(std::move(results[i]->logits));
+      } else {
+        FailStream(*row_streams[i], results[i].status());
+        failed_streams.push_back(row_streams[i]->id());
+      }
+    } else {
+      absl::Status s = results[i].ok() ? row_jobs[i]->turn->SupplyDecode(std::move(*results[i])) : results[i].status();
+      if (!s.ok()) {
+        FailJob(*row_jobs[i], s);
+        failed_jobs.push_back(row_jobs[i]->id);
+      }
+    }
+  }
+
+  // 2. Outputs: sample, stop, deltas.
+  std::vector<uint64_t> finished_streams;
+  for (uint64_t id : plan.decode_streams) {
+    if (std::find(failed_streams.begin(), failed_streams.end(), id) != failed_streams.end()) continue;
+    Stream* s = find_stream(id);
+    if (s == nullptr) continue;
+    absl::StatusOr<bool> finished;
+    try {
+      finished = s->Emit(clock->Now(), observer);
+    } catch (const std::exception& e) {
+      finished = absl::InternalError(absl::StrCat("generation failed: ", e.what()));
+    }
+    if (!finished.ok()) {
+      FailStream(*s, finished.status());
+      failed_streams.push_back(id);
+    } else if (*finished) {
+      finished_streams.push_back(id);
+    }
+  }
+
+  // 3. Prefill slices, oldest job first; 4. bounded policy phases.
+  for (const Plan::PrefillSlice& slice : plan.prefill) {
+    ActiveJob* j = find_job(slice.job);
+    if (j == nullptr || std::find(failed_jobs.begin(), failed_jobs.end(), slice.job) != failed_jobs.end()) continue;
+    if (absl::Status s = j->turn->Prefill(slice.tokens); !s.ok()) {
+      FailJob(*j, s);
+      failed_jobs.push_back(slice.job);
+    }
+  }
+  for (uint64_t id : plan.phase_jobs) {
+    ActiveJob* j = find_job(id);
+    if (j == nullptr || std::find(failed_jobs.begin(), failed_jobs.end(), id) != failed_jobs.end()) continue;
+    if (absl::Status s = j->turn->RunPhase(); !s.ok()) {
+      FailJob(*j, s);
+      failed_jobs.push_back(id);
+    }
+  }
+
+  // 5. Completions. Failed work already answered; finished streams and jobs answer now.
+  std::vector<std::unique_ptr<Stream>> done_streams;
+  for (auto it = streams.begin(); it != streams.end();) {
+    const uint64_t id = (*it)->id();
+    const bool failed = std::find(failed_streams.begin(), failed_streams.end(), id) != failed_streams.end();
+    const bool finished = std::find(finished_streams.begin(), finished_streams.end(), id) != finished_streams.end();
+    if (failed || finished) {
+      if (finished) done_streams.push_back(std::move(*it));
+      it = streams.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = jobs.begin(); it != jobs.end();) {
+    const bool failed = std::find(failed_jobs.begin(), failed_jobs.end(), (*it)->id) != failed_jobs.end();
+    if (failed) {
+      it = jobs.erase(it);
+    } else if ((*it)->turn->done()) {
+      std::unique_ptr<ActiveJob> j = std::move(*it);
+      it = jobs.erase(it);
+      CompleteJob(*j);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& s : done_streams) FinishStream(std::move(s));
+}
+
+void Engine::Impl::FailStream(Stream& s, absl::Status status) {
+  if (s.params().commit) store->Release(s.params().session_id);
+  s.Finish(std::move(status));
+}
+
+void Engine::Impl::FinishStream(std::unique_ptr<Stream> s) {
+  GenerateSummary summary = s->Summary(clock->Now());
+  if (observer != nullptr) observer->OnGeneratedTokens(static_cast<int64_t>(s->generated().size()));
+  if (!s->params().commit) {
+    s->Finish(std::move(summary));
+    return;
+  }
+  // Commit: the generated tokens and the end-of-turn token that stopped them
+  // (EOS / stop id) enter the session, as the conversation format requires.
+  std::vector<int> tokens = s->generated();
+  if (s->stop_token() >= 0) tokens.push_back(s->stop_token());
+  const std::string& id = s->params().session_id;
+  const std::string& tenant = s->params().caller.tenant;
+  if (tokens.empty()) {
+    store->Release(id);
+    absl::StatusOr<SessionMeta> meta = store->Get(id, tenant, true);
+    if (meta.ok()) summary.session = Info(*meta);
+    s->Finish(std::move(summary));
+    return;
+  }
+  absl::StatusOr<SessionMeta> meta = store->Get(id, tenant, false);
+  absl::StatusOr<std::shared_ptr<SessionData>> data = store->Data(id, tenant, false);
+  if (!meta.ok() || !data.ok()) {
+    FailStream(*s, meta.ok() ? data.status() : meta.status());
+    return;
+  }
+  auto j = std::make_unique<ActiveJob>();
+  j->id = next_work_id++;
+  j->cancel = std::make_shared<std::atomic<bool>>(false);  // the stream's own flag is checked below
+  j->caller = s->params().caller;
+  j->session_id = id;
+  j->admitted = clock->Now();
+  TurnSpec spec;
+  spec.kind = TurnKind::kCommit;
+  spec.tokens = std::move(tokens);
+  spec.config = meta->config;
+  spec.memory = meta->memory;
+  spec.base = *data;
+  spec.prefill_chunk = config.prefill_chunk;
+  absl::StatusOr<std::unique_ptr<TurnJob>> turn = TurnJob::Start(model.get(), std::move(spec));
+  if (!turn.ok()) {
+    FailStream(*s, turn.status());
+    return;
+  }
+  j->turn = std::move(*turn);
+  j->summary = std::move(summary);
+  j->stream = std::move(s);
+  jobs.push_back(std::move(j));
+}
+
+void Engine::Impl::ReportCompression(const TurnJob& t) {
+  if (observer == nullptr) return;
+  const compression::CompressionReport& r = t.report();
+  CompressionStats st;
+  st.policy = std::string(compression::PolicyName(r.config.policy));
+  st.phases = r.phases;
+  st.evicted = r.evicted;
+  st.lookahead_policy = IsLookaheadPolicy(r.config.policy);
+  st.lookahead_seconds =
+      r.SecondsOf("bootstrap") + r.SecondsOf("round1") + r.SecondsOf("repair") + r.SecondsOf("round2");
+  st.prefill_seconds = r.SecondsOf("prefill");
+  st.prompt_tokens = static_cast<int64_t>(t.spec().tokens.size());
+  st.evicted_kv_bytes = std::max<int64_t>(0, r.full_kv_bytes - r.retained_kv_bytes);
+  st.ratio = r.full_kv_bytes > 0 ? static_cast<double>(r.retained_kv_bytes) / r.full_kv_bytes : 1.0;
+  observer->OnCompression(st);
+}
+
+void Engine::Impl::CompleteJob(ActiveJob& j) {
+  TurnJob& t = *j.turn;
+  ReportCompression(t);
+  switch (t.spec().kind) {
+    case TurnKind::kCompress: {
+      CompressOutcome out;
+      out.report = t.report();
+      out.context_tokens = static_cast<int64_t>(t.spec().tokens.size());
+      model::KvCells cells(facts.num_layers, facts.num_kv_heads);
+      for (int l = 0; l < facts.num_layers; ++l) {
+        at::Tensor idx = t.kept()[l].to(at::kCPU, at::kLong).contiguous();
+        std::vector<int64_t> all(static_cast<size_t>(out.context_tokens));
+        for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+        (void)cells.AppendAll(l, all);
+        std::vector<std::vector<int64_t>> per_group(facts.num_kv_heads);
+        for (int g = 0; g < facts.num_kv_heads; ++g) {
+          per_group[g].assign(idx.data_ptr<int64_t>() + g * idx.size(1),
+                              idx.data_ptr<int64_t>() + (g + 1) * idx.size(1));
+        }
+        (void)cells.Select(l, per_group);
+      }
+      out.layers = Layers(cells, /*positions=*/true);
+      j.compress_done(std::move(out));
+      return;
+    }
+    case TurnKind::kCreate: {
+      std::shared_ptr<SessionData> data = t.TakeSessionData();
+      SessionMeta meta = MetaFor(*data, t.report(), t.spec().memory);
+      meta.created = meta.last_used = clock->Now();
+      meta.ttl = j.ttl.value_or(config.limits.session_ttl);
+      const std::string id = j.reservation->id;
+      if (absl::Status s = store->Insert(*j.reservation, meta, std::move(data)); !s.ok()) {
+        Reject(s);
+        j.session_done(s);
+        return;
+      }
+      t.Committed();
+      if (observer != nullptr) observer->OnSessionCreated();
+      absl::StatusOr<SessionMeta> now = store->Get(id, j.caller.tenant, false);
+      j.session_done(now.ok() ? absl::StatusOr<SessionInfo>(Info(*now)) : now.status());
+      return;
+    }
+    case TurnKind::kAppend:
+    case TurnKind::kCommit: {
+      std::shared_ptr<SessionData> data = t.TakeSessionData();
+      SessionMeta meta = MetaFor(*data, t.report(), t.spec().memory);
+      absl::StatusOr<SessionMeta> old = store->Get(j.session_id, j.caller.tenant, false);
+      if (old.ok()) meta.ttl = old->ttl;
+      absl::Status s = old.ok() ? store->Commit(j.session_id, meta, std::move(data)) : old.status();
+      if (!s.ok()) {
+        Reject(s);
+        FailJob(j, s);
+        return;
+      }
+      t.Committed();
+      absl::StatusOr<SessionMeta> now = store->Get(j.session_id, j.caller.tenant, false);
+      absl::StatusOr<SessionInfo> info =
+          now.ok() ? absl::StatusOr<SessionInfo>(Info(*now)) : absl::StatusOr<SessionInfo>(now.status());
+      if (t.spec().kind == TurnKind::kAppend) {
+        j.session_done(std::move(info));
+      } else {
+        if (info.ok()) j.summary.session = *info;
+        j.stream->Finish(std::move(j.summary));
+      }
+      return;
+    }
+  }
+}
+
+void Engine::Impl::FailJob(ActiveJob& j, absl::Status status) {
+  if (j.cancel->load() && !absl::IsCancelled(status)) {
     status = absl::CancelledError(absl::StrCat("cancelled: ", status.message()));
   }
-  switch (job.kind) {
-    case PrefillJob::Kind::kCreate:
-      --reserved_sessions;
-      job.session_done(status);
+  if (j.turn != nullptr) j.turn->Abort();
+  const TurnKind kind = j.turn != nullptr ? j.turn->spec().kind : TurnKind::kCreate;
+  switch (kind) {
+    case TurnKind::kCreate:
+      if (j.reservation.has_value()) store->Unreserve(*j.reservation);
+      j.reservation.reset();
+      if (j.session_done) j.session_done(std::move(status));
       break;
-    case PrefillJob::Kind::kAppend:
-      if (Session* s = Find(job.session_id)) s->busy = false;
-      job.session_done(status);
+    case TurnKind::kAppend:
+      store->Release(j.session_id);
+      j.session_done(std::move(status));
       break;
-    case PrefillJob::Kind::kCommit:
-      if (Session* s = Find(job.session_id)) s->busy = false;
-      job.generate_done(status);
+    case TurnKind::kCommit:
+      store->Release(j.session_id);
+      j.stream->Finish(std::move(status));
       break;
-    case PrefillJob::Kind::kCompress:
-      job.compress_done(status);
+    case TurnKind::kCompress:
+      j.compress_done(std::move(status));
       break;
   }
 }
 
-absl::Status Engine::Impl::RunPrefillOrError(PrefillJob& job) {
-  if (job.cancel->load()) return absl::CancelledError("cancelled before it started");
-  const bool on_session = job.kind == PrefillJob::Kind::kAppend || job.kind == PrefillJob::Kind::kCommit;
-  Session* session = nullptr;
-  if (on_session) {
-    auto it = sessions.find(job.session_id);  // busy: never expires under us
-    if (it == sessions.end()) return NotFound(job.session_id);
-    session = it->second.get();
+void Engine::Impl::DrainOnShutdown() {
+  for (auto& s : streams) FailStream(*s, absl::CancelledError("the server is shutting down"));
+  streams.clear();
+  for (auto& j : jobs) FailJob(*j, absl::CancelledError("the server is shutting down"));
+  jobs.clear();
+  work_items.store(0);
+  ReportGauges();
+}
+
+void Engine::Impl::ReportGauges() {
+  if (observer == nullptr) return;
+  const StoreTotals t = store->Totals();
+  EngineGauges g;
+  g.live_sessions = t.sessions;
+  g.retained_kv_bytes = t.hot_bytes;
+  g.full_kv_bytes = t.full_bytes;
+  {
+    absl::MutexLock lock(&mu);
+    g.queue_depth = static_cast<int>(inbox.size());
   }
-  auto report_progress = [&](const std::string& phase, int64_t done, int64_t total) {
-    if (job.progress) job.progress(ProgressEvent{phase, done, total, SecondsSince(job.admitted)});
-  };
-  std::vector<int> tokens;
-  if (job.kind == PrefillJob::Kind::kCommit) {
-    tokens = job.tokens;
-  } else {
-    const int64_t bytes = static_cast<int64_t>(job.input.text.size()) +
-                          static_cast<int64_t>(job.input.tokens.size()) * 4;
-    int64_t chat_bytes = 0;
-    for (const auto& m : job.input.chat) chat_bytes += m.content.size() + m.role.size();
-    if (bytes + chat_bytes > config.limits.max_request_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("input: ", bytes + chat_bytes,
-                                                     " bytes exceed max_request_bytes (",
-                                                     config.limits.max_request_bytes, ")"));
-    }
-    report_progress("tokenize", 0, 1);
-    ECHOKV_ASSIGN_OR_RETURN(tokens, Tokenize(job.input, job.kind != PrefillJob::Kind::kAppend));
+  g.queue_depth += static_cast<int>(jobs.size()) + (edge != nullptr ? edge->queued() : 0);
+  g.active_generations = static_cast<int>(streams.size());
+  observer->OnGauges(g);
+}
+
+// ------------------------------------------------------------------------------
+// Admissions (engine thread)
+
+void Engine::Impl::AdmitCreate(std::shared_ptr<CreateRequest> req, CancelFlag cancel, ProgressFn progress,
+                               DoneFn<SessionInfo> done, std::vector<int> tokens, absl::Time admitted) {
+  const MemoryMode memory = req->memory.value_or(config.default_memory);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  // Admission estimate: at most min(L, B) entries per layer and group stay hot.
+  const int64_t keep = req->config.policy == compression::PolicyKind::kFull ? n : std::min<int64_t>(n, req->config.budget);
+  const int64_t cold = memory == MemoryMode::kTiered ? n * bytes_per_token : 0;
+  absl::StatusOr<SessionStore::Reservation> r =
+      store->Reserve(req->caller.tenant, keep * bytes_per_token, cold, memory == MemoryMode::kTiered);
+  if (!r.ok()) {
+    Reject(r.status());
+    return done(r.status());
   }
-  const int64_t before = session != nullptr ? session->tokens_seen : 0;
+  TurnSpec spec;
+  spec.kind = TurnKind::kCreate;
+  spec.tokens = std::move(tokens);
+  spec.config = req->config;
+  spec.memory = memory;
+  spec.prefill_chunk = config.prefill_chunk;
+  spec.progress = ProgressAdapter(progress, admitted);
+  absl::StatusOr<std::unique_ptr<TurnJob>> turn = TurnJob::Start(model.get(), std::move(spec));
+  if (!turn.ok()) {
+    store->Unreserve(*r);
+    return done(turn.status());
+  }
+  auto j = std::make_unique<ActiveJob>();
+  j->id = next_work_id++;
+  j->turn = std::move(*turn);
+  j->cancel = std::move(cancel);
+  j->caller = req->caller;
+  j->reservation = *r;
+  j->ttl = req->ttl;
+  j->session_done = std::move(done);
+  j->admitted = admitted;
+  jobs.push_back(std::move(j));
+}
+
+void Engine::Impl::AdmitAppend(std::shared_ptr<AppendRequest> req, CancelFlag cancel, ProgressFn progress,
+                               DoneFn<SessionInfo> done, std::vector<int> tokens, absl::Time admitted) {
+  // The session was claimed on the edge; it cannot have changed since.
+  absl::StatusOr<SessionMeta> meta = store->Get(req->session_id, req->caller.tenant, false);
+  absl::StatusOr<std::shared_ptr<SessionData>> data = store->Data(req->session_id, req->caller.tenant, false);
+  if (!meta.ok() || !data.ok()) {
+    store->Release(req->session_id);
+    return done(meta.ok() ? data.status() : meta.status());
+  }
+  TurnSpec spec;
+  spec.kind = TurnKind::kAppend;
+  spec.tokens = std::move(tokens);
+  spec.config = meta->config;
+  spec.memory = meta->memory;
+  spec.base = *data;
+  spec.prefill_chunk = config.prefill_chunk;
+  spec.progress = ProgressAdapter(progress, admitted);
+  absl::StatusOr<std::unique_ptr<TurnJob>> turn = TurnJob::Start(model.get(), std::move(spec));
+  if (!turn.ok()) {
+    store->Release(req->session_id);
+    return done(turn.status());
+  }
+  auto j = std::make_unique<ActiveJob>();
+  j->id = next_work_id++;
+  j->turn = std::move(*turn);
+  j->cancel = std::move(cancel);
+  j->caller = req->caller;
+  j->session_id = req->session_id;
+  j->session_done = std::move(done);
+  j->admitted = admitted;
+  jobs.push_back(std::move(j));
+}
+
+void Engine::Impl::AdmitGenerate(std::unique_ptr<Stream> s) {
+  const GenerateParams& p = s->params();
+  absl::StatusOr<SessionMeta> meta =
+      p.commit ? store->Claim(p.session_id, p.caller.tenant) : store->Get(p.session_id, p.caller.tenant, true);
+  if (!meta.ok()) return s->Finish(meta.status());
+  // Positions: the last sampled token is never fed back, so without commit a session
+  // of n tokens can sample max_context - n + 1 more (llama2.c's run.c does the same).
+  // A commit feeds every generated token (and the end-of-turn id) back: n + max_tokens
+  // must fit.
   const int64_t max_ctx = facts.limits.max_context_tokens;
-  if (before + static_cast<int64_t>(tokens.size()) > max_ctx) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "input: ", tokens.size(), " tokens", before > 0 ? absl::StrCat(" + ", before, " in the session") : "",
-        " exceed max_context_tokens (", max_ctx, ")"));
+  const int64_t room = p.commit ? max_ctx - meta->tokens_seen : max_ctx - meta->tokens_seen + 1;
+  if (p.max_tokens > room) {
+    if (p.commit) store->Release(p.session_id);
+    return s->Finish(absl::InvalidArgumentError(absl::StrCat(
+        "max_tokens: the session holds ", meta->tokens_seen, " tokens; ", p.max_tokens, " more",
+        p.commit ? " (committed)" : "", " exceed max_context_tokens (", max_ctx, "): at most ", std::max<int64_t>(room, 0))));
   }
-  const compression::CompressionConfig cfg = session != nullptr ? session->config : job.config;
-  const int64_t old_bytes = session != nullptr ? session->cache.KvBytes() : 0;
-  const int64_t live = LiveRetainedBytes();
-  if (job.kind == PrefillJob::Kind::kCreate) {
-    // Admission estimate: at most min(L, B) entries per layer/group survive.
-    const int64_t keep = cfg.policy == compression::PolicyKind::kFull
-                             ? static_cast<int64_t>(tokens.size())
-                             : std::min<int64_t>(tokens.size(), cfg.budget);
-    if (live + keep * bytes_per_token > config.limits.max_kv_bytes) {
-      Reject("max_kv_bytes");
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "max_kv_bytes (", config.limits.max_kv_bytes, ") would be exceeded: live sessions hold ",
-          live, " bytes and this session needs up to ", keep * bytes_per_token));
-    }
+  absl::StatusOr<std::shared_ptr<SessionData>> data = store->Data(p.session_id, p.caller.tenant, false);
+  if (!data.ok()) {
+    if (p.commit) store->Release(p.session_id);
+    return s->Finish(data.status());
   }
-
-  compression::PipelineOptions opts;
-  opts.prefill_chunk = config.prefill_chunk;
-  opts.cancel = job.cancel.get();
-  opts.progress = [&](const std::string& phase, int64_t done, int64_t total) {
-    report_progress(phase, done, total);
-    // Keep the other streams moving between chunks and policy steps.
-    RunQueuedTasks();
-    DecodeRound();
-  };
-  model::KvCache base = session != nullptr ? session->cache.Clone() : model->NewCache();
-  ECHOKV_ASSIGN_OR_RETURN(compression::CompressedContext ctx,
-                          compression::PrefillAndCompress(*model, tokens, std::move(base), cfg, opts));
-  if (job.cancel->load()) return absl::CancelledError("cancelled");
-  if (job.kind != PrefillJob::Kind::kCompress) {
-    const int64_t now_live = LiveRetainedBytes();
-    const int64_t new_bytes = ctx.cache.KvBytes();
-    if (now_live - old_bytes + new_bytes > config.limits.max_kv_bytes) {
-      Reject("max_kv_bytes");
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "max_kv_bytes (", config.limits.max_kv_bytes, ") would be exceeded: live sessions hold ",
-          now_live, " bytes and this session would hold ", new_bytes));
-    }
+  try {
+    s->Begin((*data)->hot.Clone(), (*data)->last_logits, meta->tokens_seen, eos_ids, tokenizer.get());
+  } catch (const std::exception& e) {
+    if (p.commit) store->Release(p.session_id);
+    return s->Finish(absl::InternalError(absl::StrCat("copying the session cache: ", e.what())));
   }
-
-  // Stats.
-  const compression::CompressionReport& r = ctx.report;
-  if (observer != nullptr) {
-    CompressionStats st;
-    st.policy = std::string(compression::PolicyName(r.config.policy));
-    st.phases = r.phases;
-    st.evicted = r.evicted;
-    st.lookahead_policy = IsLookaheadPolicy(r.config.policy);
-    st.lookahead_seconds = r.SecondsOf("bootstrap") + r.SecondsOf("round1") + r.SecondsOf("repair") +
-                           r.SecondsOf("round2");
-    st.prefill_seconds = r.SecondsOf("prefill");
-    st.prompt_tokens = static_cast<int64_t>(tokens.size());
-    st.evicted_kv_bytes = std::max<int64_t>(0, r.full_kv_bytes - r.retained_kv_bytes);
-    st.ratio = r.full_kv_bytes > 0 ? static_cast<double>(r.retained_kv_bytes) / r.full_kv_bytes : 1.0;
-    observer->OnCompression(st);
-  }
-
-  switch (job.kind) {
-    case PrefillJob::Kind::kCompress: {
-      CompressOutcome out;
-      out.report = ctx.report;
-      out.context_tokens = static_cast<int64_t>(tokens.size());
-      const model::KvCells& cells = ctx.cache.cells();
-      const int64_t row = bytes_per_token / std::max(1, facts.num_layers * facts.num_kv_heads);
-      for (int l = 0; l < cells.num_layers(); ++l) {
-        LayerCacheInfo layer;
-        layer.retained = cells.size(l);
-        for (int g = 0; g < cells.num_kv_heads(); ++g) {
-          GroupCache gc;
-          gc.positions = cells.positions(l, g);
-          gc.retained = static_cast<int64_t>(gc.positions.size());
-          gc.kv_bytes = gc.retained * row;
-          layer.kv_bytes += gc.kv_bytes;
-          layer.groups.push_back(std::move(gc));
-        }
-        out.layers.push_back(std::move(layer));
-      }
-      job.compress_done(std::move(out));
-      return absl::OkStatus();
-    }
-    case PrefillJob::Kind::kCreate: {
-      auto s = std::make_unique<Session>();
-      ECHOKV_ASSIGN_OR_RETURN(s->id, NewSessionId());
-      --reserved_sessions;
-      s->cache = std::move(ctx.cache);
-      s->last_logits = ctx.last_logits.to(at::kFloat).contiguous();
-      s->config = ctx.report.config;
-      s->last_report = std::move(ctx.report);
-      s->tokens_seen = static_cast<int64_t>(tokens.size());
-      s->created = s->last_used = absl::Now();
-      s->ttl = job.ttl.value_or(config.limits.session_ttl);
-      SessionInfo info = Info(*s);
-      sessions.emplace(s->id, std::move(s));
-      if (observer != nullptr) observer->OnSessionCreated();
-      job.session_done(std::move(info));
-      return absl::OkStatus();
-    }
-    case PrefillJob::Kind::kAppend:
-    case PrefillJob::Kind::kCommit: {
-      session->cache = std::move(ctx.cache);
-      session->last_logits = ctx.last_logits.to(at::kFloat).contiguous();
-      session->last_report = std::move(ctx.report);
-      session->tokens_seen += static_cast<int64_t>(tokens.size());
-      session->last_used = absl::Now();
-      session->busy = false;
-      SessionInfo info = Info(*session);
-      if (job.kind == PrefillJob::Kind::kAppend) {
-        job.session_done(std::move(info));
-      } else {
-        job.summary.session = std::move(info);
-        job.generate_done(std::move(job.summary));
-      }
-      return absl::OkStatus();
-    }
-  }
-  return absl::OkStatus();
+  streams.push_back(std::move(s));
 }
 
 // ------------------------------------------------------------------------------
@@ -738,31 +835,59 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() { Shutdown(); }
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
-                                                       EngineObserver* observer) {
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config, EngineObserver* observer) {
   ECHOKV_RETURN_IF_ERROR(config.Validate());
-  auto impl = std::make_unique<Impl>();
-  impl->config = config;
-  impl->observer = observer;
   model::DeviceOptions dev;
   dev.device = config.device;
   dev.dtype = config.dtype;
   dev.num_threads = config.threads;
   ECHOKV_RETURN_IF_ERROR(dev.Validate());
-  ECHOKV_ASSIGN_OR_RETURN(impl->model, model::Transformer::Load(config.model_dir, dev));
-  ECHOKV_ASSIGN_OR_RETURN(impl->tokenizer, model::LoadTokenizer(config.model_dir));
-  absl::StatusOr<model::ChatTemplate> chat = model::LoadChatTemplate(config.model_dir);
-  if (chat.ok()) {
-    impl->chat = *chat;
+  ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<model::Transformer> model, model::Transformer::Load(config.model_dir, dev));
+  ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<model::Tokenizer> tokenizer, model::LoadTokenizer(config.model_dir));
+  std::optional<model::ChatTemplate> chat;
+  absl::StatusOr<model::ChatTemplate> loaded = model::LoadChatTemplate(config.model_dir);
+  std::string chat_error;
+  if (loaded.ok()) {
+    chat = *loaded;
   } else {
-    impl->chat_error = std::string(chat.status().message());
-    ECHOKV_LOG(INFO) << "chat input disabled: " << impl->chat_error;
+    chat_error = std::string(loaded.status().message());
+    ECHOKV_LOG(INFO) << "chat input disabled: " << chat_error;
   }
+  ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                          CreateWithModel(config, std::move(model), std::move(tokenizer), chat, observer, RealClock()));
+  engine->impl_->chat_error = chat_error;
+  return engine;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithModel(const EngineConfig& config,
+                                                               std::shared_ptr<const model::Transformer> model,
+                                                               std::shared_ptr<const model::Tokenizer> tokenizer,
+                                                               std::optional<model::ChatTemplate> chat,
+                                                               EngineObserver* observer, const Clock* clock) {
+  ECHOKV_RETURN_IF_ERROR(config.Validate());
+  if (model == nullptr || tokenizer == nullptr || clock == nullptr) {
+    return absl::InvalidArgumentError("CreateWithModel: model, tokenizer and clock are required");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->observer = observer;
+  impl->clock = clock;
+  impl->model = std::move(model);
+  impl->tokenizer = std::move(tokenizer);
+  impl->chat = std::move(chat);
+  if (!impl->chat.has_value()) impl->chat_error = "no chat template";
   const model::ModelConfig& mc = impl->model->config();
   try {
     impl->bytes_per_token = impl->model->NewCache().FullEquivalentKvBytes(1);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("cache shape: ", e.what()));
+  }
+  for (int id = 0; id < impl->tokenizer->vocab_size(); ++id) {
+    impl->max_piece_bytes = std::max<int64_t>(impl->max_piece_bytes, impl->tokenizer->IdToPiece(id).size());
+  }
+  impl->eos_ids = impl->tokenizer->eos_ids();
+  for (int id : mc.eos_token_ids) {
+    if (std::find(impl->eos_ids.begin(), impl->eos_ids.end(), id) == impl->eos_ids.end()) impl->eos_ids.push_back(id);
   }
   ServerFacts& f = impl->facts;
   f.version = ECHOKV_VERSION;
@@ -783,295 +908,310 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   f.tokenizer_kind = std::string(impl->tokenizer->kind());
   f.chat_template = impl->chat.has_value();
   f.kv_bytes_per_token = impl->bytes_per_token;
-  f.device = config.device;
-  f.dtype = config.dtype;
-  for (compression::PolicyKind k : compression::AllPolicies()) {
-    f.policies.emplace_back(compression::PolicyName(k));
-  }
+  f.device = impl->model->device_options().device;
+  f.dtype = impl->model->device_options().dtype;
+  for (compression::PolicyKind k : compression::AllPolicies()) f.policies.emplace_back(compression::PolicyName(k));
   f.default_compression = config.default_compression;
+  f.default_memory = config.default_memory;
   f.limits = config.limits;
   if (f.limits.max_context_tokens == 0) f.limits.max_context_tokens = mc.max_position_embeddings;
+  f.replica_id = config.replica_id;
+
+  SessionLimits sl;
+  sl.max_sessions = config.limits.max_sessions;
+  sl.max_kv_bytes = config.limits.max_kv_bytes;
+  sl.max_cold_bytes = config.limits.max_cold_bytes;
+  impl->store = std::make_unique<SessionStore>(sl, clock, config.replica_id);
+  SchedulerOptions so;
+  so.max_step_tokens = config.max_step_tokens;
+  so.min_prefill_tokens = std::min<int64_t>(16, config.max_step_tokens);
+  ECHOKV_RETURN_IF_ERROR(so.Validate());
+  impl->scheduler = std::make_unique<Scheduler>(so);
+  impl->runner = std::make_unique<Runner>(impl->model.get());
+  impl->edge = std::make_unique<WorkerPool>(config.edge_threads);
+  impl->Heartbeat();
   Impl* raw = impl.get();
   std::unique_ptr<Engine> engine(new Engine(std::move(impl)));
   raw->thread = std::thread([raw] { raw->Loop(); });
   ECHOKV_LOG(INFO) << "engine ready: " << f.model_type << " " << f.model_name << ", " << f.num_layers
-                   << " layers, device " << f.device << " " << f.dtype;
+                   << " layers, device " << f.device << " " << f.dtype << ", default memory "
+                   << MemoryModeName(config.default_memory);
   return engine;
 }
 
 const ServerFacts& Engine::facts() const { return impl_->facts; }
 
-// A prefill job of `kind` admitted now, with its input and cancel flag.
-std::shared_ptr<PrefillJob> NewPrefillJob(PrefillJob::Kind kind, InputSpec input, CancelFlag cancel) {
-  auto job = std::make_shared<PrefillJob>();
-  job->kind = kind;
-  job->input = std::move(input);
-  job->cancel = OrFreshFlag(std::move(cancel));
-  job->admitted = absl::Now();
-  return job;
-}
-
-void Engine::CreateSession(InputSpec input, compression::CompressionConfig config,
-                           std::optional<absl::Duration> ttl, CancelFlag cancel, ProgressFn progress,
-                           DoneFn<SessionInfo> done) {
-  auto job = NewPrefillJob(PrefillJob::Kind::kCreate, std::move(input), std::move(cancel));
-  job->config = std::move(config);
-  job->ttl = ttl;
-  job->progress = std::move(progress);
-  job->session_done = std::move(done);
+void Engine::CreateSession(CreateRequest request, CancelFlag cancel, ProgressFn progress, DoneFn<SessionInfo> done) {
   Impl* impl = impl_.get();
-  const bool posted = impl->Post(
-      [impl, job] {
-        if (absl::Status s = impl->CheckTtl(job->ttl); !s.ok()) return job->session_done(s);
-        if (absl::Status s = job->config.Validate(); !s.ok()) {
-          return job->session_done(absl::InvalidArgumentError(absl::StrCat("compression.", s.message())));
-        }
-        const int max = impl->config.limits.max_sessions;
-        if (static_cast<int>(impl->sessions.size()) + impl->reserved_sessions >= max) {
-          impl->Reject("max_sessions");
-          return job->session_done(absl::ResourceExhaustedError(
-              absl::StrCat("max_sessions (", max, ") reached; delete a session first")));
-        }
-        ++impl->reserved_sessions;
-        impl->prefill_jobs.push_back(job);
-        impl->pending_prefill.fetch_add(1);
-      },
-      job->cancel);
-  if (!posted) job->session_done(absl::UnavailableError("server is shutting down"));
+  cancel = OrFreshFlag(std::move(cancel));
+  const absl::Time admitted = impl->clock->Now();
+  auto req = std::make_shared<CreateRequest>(std::move(request));
+  impl->edge->Submit([impl, req, cancel, progress, done, admitted](bool shutting_down) {
+    if (shutting_down) return done(absl::UnavailableError("server is shutting down"));
+    if (cancel->load()) return done(absl::CancelledError("cancelled before it started"));
+    if (absl::Status s = impl->CheckTtl(req->ttl); !s.ok()) return done(s);
+    if (absl::Status s = req->config.Validate(); !s.ok()) {
+      return done(absl::InvalidArgumentError(absl::StrCat("compression.", s.message())));
+    }
+    if (progress) progress(ProgressEvent{"tokenize", 0, 1, absl::ToDoubleSeconds(impl->clock->Now() - admitted)});
+    absl::StatusOr<std::vector<int>> tokens =
+        impl->Tokenize(req->input, /*default_special=*/true, impl->facts.limits.max_context_tokens, 0);
+    if (!tokens.ok()) return done(tokens.status());
+    auto ids = std::make_shared<std::vector<int>>(std::move(*tokens));
+    if (!impl->Post([impl, req, cancel, progress, done, ids, admitted] {
+          impl->AdmitCreate(req, cancel, progress, done, std::move(*ids), admitted);
+        }, cancel)) {
+      done(absl::UnavailableError("server is shutting down"));
+    }
+  });
 }
 
-void Engine::AppendToSession(std::string session_id, InputSpec input, CancelFlag cancel,
-                             ProgressFn progress, DoneFn<SessionInfo> done) {
-  auto job = NewPrefillJob(PrefillJob::Kind::kAppend, std::move(input), std::move(cancel));
-  job->session_id = std::move(session_id);
-  job->progress = std::move(progress);
-  job->session_done = std::move(done);
+void Engine::AppendToSession(AppendRequest request, CancelFlag cancel, ProgressFn progress, DoneFn<SessionInfo> done) {
   Impl* impl = impl_.get();
-  const bool posted = impl->Post(
-      [impl, job] {
-        Session* s = impl->Find(job->session_id);
-        if (s == nullptr) return job->session_done(NotFound(job->session_id));
-        if (s->busy) return job->session_done(Busy(job->session_id));
-        s->busy = true;
-        impl->prefill_jobs.push_back(job);
-        impl->pending_prefill.fetch_add(1);
-      },
-      job->cancel);
-  if (!posted) job->session_done(absl::UnavailableError("server is shutting down"));
+  cancel = OrFreshFlag(std::move(cancel));
+  const absl::Time admitted = impl->clock->Now();
+  auto req = std::make_shared<AppendRequest>(std::move(request));
+  impl->edge->Submit([impl, req, cancel, progress, done, admitted](bool shutting_down) {
+    if (shutting_down) return done(absl::UnavailableError("server is shutting down"));
+    if (cancel->load()) return done(absl::CancelledError("cancelled before it started"));
+    if (!IsValidSessionId(req->session_id)) {
+      return done(absl::InvalidArgumentError(
+          absl::StrCat("session_id ", EscapedIdPrefix(req->session_id), " is malformed")));
+    }
+    // Claim first: the tokens count against the session's room, and no other mutation
+    // may slip in between.
+    absl::StatusOr<SessionMeta> meta = impl->store->Claim(req->session_id, req->caller.tenant);
+    if (!meta.ok()) return done(meta.status());
+    if (progress) progress(ProgressEvent{"tokenize", 0, 1, absl::ToDoubleSeconds(impl->clock->Now() - admitted)});
+    const int64_t room = impl->facts.limits.max_context_tokens - meta->tokens_seen;
+    absl::StatusOr<std::vector<int>> tokens =
+        impl->Tokenize(req->input, /*default_special=*/false, room, meta->tokens_seen);
+    if (!tokens.ok()) {
+      impl->store->Release(req->session_id);
+      return done(tokens.status());
+    }
+    auto ids = std::make_shared<std::vector<int>>(std::move(*tokens));
+    if (!impl->Post([impl, req, cancel, progress, done, ids, admitted] {
+          impl->AdmitAppend(req, cancel, progress, done, std::move(*ids), admitted);
+        }, cancel)) {
+      impl->store->Release(req->session_id);
+      done(absl::UnavailableError("server is shutting down"));
+    }
+  });
 }
 
-void Engine::Generate(GenerateParams params, CancelFlag cancel, DeltaFn on_delta,
-                      DoneFn<GenerateSummary> done) {
-  auto g = std::make_shared<std::unique_ptr<Generation>>(std::make_unique<Generation>());
-  (*g)->params = std::move(params);
-  (*g)->cancel = OrFreshFlag(std::move(cancel));
-  (*g)->on_delta = std::move(on_delta);
-  (*g)->done = std::move(done);
-  (*g)->admitted = absl::Now();
+void Engine::Generate(GenerateParams params, CancelFlag cancel, StreamSink sink, DoneFn<GenerateSummary> done) {
   Impl* impl = impl_.get();
-  CancelFlag flag = (*g)->cancel;
-  const bool posted = impl->Post(
-      [impl, g] {
-        Generation& gen = **g;
-        const GenerateParams& p = gen.params;
-        const EngineLimits& limits = impl->facts.limits;
-        if (p.max_tokens < 1 || p.max_tokens > limits.max_new_tokens) {
-          return gen.done(absl::InvalidArgumentError(absl::StrCat(
-              "max_tokens must be in [1, ", limits.max_new_tokens, "] (max_new_tokens), got ", p.max_tokens)));
-        }
-        if (absl::Status s = p.sampling.Validate(); !s.ok()) {
-          return gen.done(absl::InvalidArgumentError(absl::StrCat("sampling.", s.message())));
-        }
-        if (p.stop.size() > 16) return gen.done(absl::InvalidArgumentError("stop: at most 16 stop strings"));
-        for (size_t i = 0; i < p.stop.size(); ++i) {
-          if (p.stop[i].empty() || p.stop[i].size() > 256) {
-            return gen.done(absl::InvalidArgumentError(
-                absl::StrCat("stop[", i, "] must be 1..256 bytes, got ", p.stop[i].size())));
-          }
-        }
-        for (size_t i = 0; i < p.stop_ids.size(); ++i) {
-          if (p.stop_ids[i] < 0 || p.stop_ids[i] >= impl->facts.vocab_size) {
-            return gen.done(absl::InvalidArgumentError(absl::StrCat(
-                "stop_token_ids[", i, "] = ", p.stop_ids[i], " is outside the vocabulary")));
-          }
-        }
-        Session* s = impl->Find(p.session_id);
-        if (s == nullptr) return gen.done(NotFound(p.session_id));
-        if (s->tokens_seen + p.max_tokens > limits.max_context_tokens) {
-          return gen.done(absl::InvalidArgumentError(absl::StrCat(
-              "max_tokens: the session holds ", s->tokens_seen, " tokens; + ", p.max_tokens,
-              " exceeds max_context_tokens (", limits.max_context_tokens, ")")));
-        }
-        if (p.commit) {
-          if (s->busy) return gen.done(Busy(p.session_id));
-          s->busy = true;
-        }
-        s->last_used = absl::Now();
-        try {
-          gen.cache = s->cache.Clone();
-          gen.logits = s->last_logits.clone();
-        } catch (const std::exception& e) {
-          if (p.commit) s->busy = false;
-          return gen.done(absl::InternalError(absl::StrCat("copying the session cache: ", e.what())));
-        }
-        gen.prompt_tokens = s->tokens_seen;
-        gen.sampler = std::make_unique<model::Sampler>(p.sampling);
-        gen.stop.max_tokens = p.max_tokens;
-        if (!p.ignore_eos) gen.stop.eos_ids = impl->tokenizer->eos_ids();
-        if (!p.ignore_eos) {
-          for (int id : impl->model->config().eos_token_ids) {
-            if (std::find(gen.stop.eos_ids.begin(), gen.stop.eos_ids.end(), id) == gen.stop.eos_ids.end()) {
-              gen.stop.eos_ids.push_back(id);
-            }
-          }
-        }
-        gen.stop.stop_ids = p.stop_ids;
-        gen.decoder = std::make_unique<model::IncrementalDecoder>(impl->tokenizer.get());
-        impl->generations.push_back(std::move(*g));
-      },
-      flag);
-  if (!posted) (*g)->done(absl::UnavailableError("server is shutting down"));
+  cancel = OrFreshFlag(std::move(cancel));
+  const EngineLimits& limits = impl->facts.limits;
+  auto fail = [&](absl::Status s) { done(std::move(s)); };
+  if (!IsValidSessionId(params.session_id)) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("session_id ", EscapedIdPrefix(params.session_id), " is malformed")));
+  }
+  if (params.max_tokens < 1 || params.max_tokens > limits.max_new_tokens) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("max_tokens must be in [1, ", limits.max_new_tokens,
+                                                        "] (max_new_tokens), got ", params.max_tokens)));
+  }
+  if (absl::Status s = params.sampling.Validate(); !s.ok()) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("sampling.", s.message())));
+  }
+  if (params.stop.size() > 16) return fail(absl::InvalidArgumentError("stop: at most 16 stop strings"));
+  for (size_t i = 0; i < params.stop.size(); ++i) {
+    if (params.stop[i].empty() || params.stop[i].size() > 256) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("stop[", i, "] must be 1..256 bytes, got ", params.stop[i].size())));
+    }
+  }
+  for (size_t i = 0; i < params.stop_ids.size(); ++i) {
+    if (params.stop_ids[i] < 0 || params.stop_ids[i] >= impl->facts.vocab_size) {
+      return fail(absl::InvalidArgumentError(absl::StrCat("stop_token_ids[", i, "] = ", params.stop_ids[i],
+                                                          " is outside the vocabulary")));
+    }
+  }
+  struct Pending {
+    GenerateParams params;
+    CancelFlag cancel;
+    StreamSink sink;
+    DoneFn<GenerateSummary> done;
+    absl::Time admitted;
+  };
+  auto pending = std::make_shared<Pending>(
+      Pending{std::move(params), cancel, std::move(sink), std::move(done), impl->clock->Now()});
+  if (!impl->Post(
+          [impl, pending] {
+            impl->AdmitGenerate(std::make_unique<Stream>(impl->next_work_id++, std::move(pending->params),
+                                                         std::move(pending->cancel), std::move(pending->sink),
+                                                         std::move(pending->done), pending->admitted));
+          },
+          cancel)) {
+    pending->done(absl::UnavailableError("server is shutting down"));
+  }
 }
 
-void Engine::Compress(InputSpec input, compression::CompressionConfig config, CancelFlag cancel,
+void Engine::Compress(Caller caller, InputSpec input, compression::CompressionConfig config, CancelFlag cancel,
                       DoneFn<CompressOutcome> done) {
-  auto job = NewPrefillJob(PrefillJob::Kind::kCompress, std::move(input), std::move(cancel));
-  job->config = std::move(config);
-  job->compress_done = std::move(done);
   Impl* impl = impl_.get();
-  const bool posted = impl->Post(
-      [impl, job] {
-        if (absl::Status s = job->config.Validate(); !s.ok()) {
-          return job->compress_done(absl::InvalidArgumentError(absl::StrCat("compression.", s.message())));
-        }
-        impl->prefill_jobs.push_back(job);
-        impl->pending_prefill.fetch_add(1);
-      },
-      job->cancel);
-  if (!posted) job->compress_done(absl::UnavailableError("server is shutting down"));
+  cancel = OrFreshFlag(std::move(cancel));
+  const absl::Time admitted = impl->clock->Now();
+  auto in = std::make_shared<InputSpec>(std::move(input));
+  impl->edge->Submit([impl, caller, in, config, cancel, done, admitted](bool shutting_down) {
+    if (shutting_down) return done(absl::UnavailableError("server is shutting down"));
+    if (cancel->load()) return done(absl::CancelledError("cancelled before it started"));
+    if (absl::Status s = config.Validate(); !s.ok()) {
+      return done(absl::InvalidArgumentError(absl::StrCat("compression.", s.message())));
+    }
+    absl::StatusOr<std::vector<int>> tokens =
+        impl->Tokenize(*in, /*default_special=*/true, impl->facts.limits.max_context_tokens, 0);
+    if (!tokens.ok()) return done(tokens.status());
+    auto ids = std::make_shared<std::vector<int>>(std::move(*tokens));
+    if (!impl->Post([impl, caller, config, cancel, done, ids, admitted] {
+          TurnSpec spec;
+          spec.kind = TurnKind::kCompress;
+          spec.tokens = std::move(*ids);
+          spec.config = config;
+          spec.prefill_chunk = impl->config.prefill_chunk;
+          absl::StatusOr<std::unique_ptr<TurnJob>> turn = TurnJob::Start(impl->model.get(), std::move(spec));
+          if (!turn.ok()) return done(turn.status());
+          auto j = std::make_unique<ActiveJob>();
+          j->id = impl->next_work_id++;
+          j->turn = std::move(*turn);
+          j->cancel = cancel;
+          j->caller = caller;
+          j->compress_done = done;
+          j->admitted = admitted;
+          impl->jobs.push_back(std::move(j));
+        }, cancel)) {
+      done(absl::UnavailableError("server is shutting down"));
+    }
+  });
 }
 
-void Engine::ForkSession(std::string session_id, std::optional<absl::Duration> ttl,
+void Engine::ForkSession(Caller caller, std::string session_id, std::optional<absl::Duration> ttl,
                          DoneFn<SessionInfo> done) {
   Impl* impl = impl_.get();
+  if (!IsValidSessionId(session_id)) {
+    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+  }
+  if (absl::Status s = impl->CheckTtl(ttl); !s.ok()) return done(s);
   auto d = std::make_shared<DoneFn<SessionInfo>>(std::move(done));
-  const bool posted = impl->Post([impl, session_id, ttl, d] {
-    if (absl::Status st = impl->CheckTtl(ttl); !st.ok()) return (*d)(st);
-    Session* src = impl->Find(session_id);
-    if (src == nullptr) return (*d)(NotFound(session_id));
-    const int max = impl->config.limits.max_sessions;
-    if (static_cast<int>(impl->sessions.size()) + impl->reserved_sessions >= max) {
-      impl->Reject("max_sessions");
-      return (*d)(absl::ResourceExhaustedError(absl::StrCat("max_sessions (", max, ") reached; delete a session first")));
-    }
-    const int64_t live = impl->LiveRetainedBytes();
-    const int64_t need = src->cache.KvBytes();
-    if (live + need > impl->config.limits.max_kv_bytes) {
-      impl->Reject("max_kv_bytes");
-      return (*d)(absl::ResourceExhaustedError(absl::StrCat("max_kv_bytes (", impl->config.limits.max_kv_bytes,
-                                                            ") would be exceeded: live sessions hold ", live,
-                                                            " bytes and the fork needs ", need)));
-    }
-    auto s = std::make_unique<Session>();
-    absl::StatusOr<std::string> id = NewSessionId();
-    if (!id.ok()) return (*d)(id.status());
-    s->id = *id;
-    try {
-      s->cache = src->cache.Clone();
-      s->last_logits = src->last_logits.clone();
-    } catch (const std::exception& e) {
-      return (*d)(absl::InternalError(absl::StrCat("fork: ", e.what())));
-    }
-    s->config = src->config;
-    s->last_report = src->last_report;
-    s->tokens_seen = src->tokens_seen;
-    s->created = s->last_used = absl::Now();
-    s->ttl = ttl.value_or(src->ttl);
-    src->last_used = s->created;
-    SessionInfo info = impl->Info(*s);
-    impl->sessions.emplace(s->id, std::move(s));
-    if (impl->observer != nullptr) impl->observer->OnSessionCreated();
-    (*d)(std::move(info));
-  });
-  if (!posted) (*d)(absl::UnavailableError("server is shutting down"));
-}
-
-void Engine::GetSession(std::string session_id, DoneFn<SessionInfo> done) {
-  Impl* impl = impl_.get();
-  auto d = std::make_shared<DoneFn<SessionInfo>>(std::move(done));
-  if (!impl->Post([impl, session_id, d] {
-        Session* s = impl->Find(session_id);
-        if (s == nullptr) return (*d)(NotFound(session_id));
-        s->last_used = absl::Now();
-        (*d)(impl->Info(*s));
-      })) {
-    (*d)(absl::UnavailableError("server is shutting down"));
-  }
-}
-
-void Engine::ListSessions(DoneFn<std::vector<SessionInfo>> done) {
-  Impl* impl = impl_.get();
-  auto d = std::make_shared<DoneFn<std::vector<SessionInfo>>>(std::move(done));
-  if (!impl->Post([impl, d] {
-        impl->Reap();
-        std::vector<SessionInfo> out;
-        for (const auto& [id, s] : impl->sessions) out.push_back(impl->Info(*s));
-        std::sort(out.begin(), out.end(),
-                  [](const SessionInfo& a, const SessionInfo& b) { return a.created < b.created; });
-        (*d)(std::move(out));
-      })) {
-    (*d)(absl::UnavailableError("server is shutting down"));
-  }
-}
-
-void Engine::DeleteSession(std::string session_id, DoneFn<int64_t> done) {
-  Impl* impl = impl_.get();
-  auto d = std::make_shared<DoneFn<int64_t>>(std::move(done));
-  if (!impl->Post([impl, session_id, d] {
-        Session* s = impl->Find(session_id);
-        if (s == nullptr) return (*d)(NotFound(session_id));
-        if (s->busy) return (*d)(Busy(session_id));
-        const int64_t freed = s->cache.KvBytes();
-        impl->sessions.erase(session_id);
-        (*d)(freed);
-      })) {
-    (*d)(absl::UnavailableError("server is shutting down"));
-  }
-}
-
-void Engine::InspectCache(std::string session_id, bool include_positions, DoneFn<CacheInspection> done) {
-  Impl* impl = impl_.get();
-  auto d = std::make_shared<DoneFn<CacheInspection>>(std::move(done));
-  if (!impl->Post([impl, session_id, include_positions, d] {
-        Session* s = impl->Find(session_id);
-        if (s == nullptr) return (*d)(NotFound(session_id));
-        s->last_used = absl::Now();
-        CacheInspection out;
-        out.session = impl->Info(*s);
-        const model::KvCells& cells = s->cache.cells();
-        const int64_t row =
-            impl->bytes_per_token / std::max(1, impl->facts.num_layers * impl->facts.num_kv_heads);
-        for (int l = 0; l < cells.num_layers(); ++l) {
-          LayerCacheInfo layer;
-          layer.retained = cells.size(l);
-          for (int g = 0; g < cells.num_kv_heads(); ++g) {
-            GroupCache gc;
-            gc.retained = static_cast<int64_t>(cells.positions(l, g).size());
-            if (include_positions) gc.positions = cells.positions(l, g);
-            gc.kv_bytes = gc.retained * row;
-            layer.kv_bytes += gc.kv_bytes;
-            layer.groups.push_back(std::move(gc));
-          }
-          out.total_retained_entries += layer.retained * cells.num_kv_heads();
-          out.layers.push_back(std::move(layer));
+  if (!impl->Post([impl, caller, session_id, ttl, d] {
+        // A read of the source: allowed while it is busy; sees its committed state.
+        absl::StatusOr<SessionMeta> meta = impl->store->Get(session_id, caller.tenant, true);
+        if (!meta.ok()) return (*d)(meta.status());
+        absl::StatusOr<std::shared_ptr<SessionData>> src = impl->store->Data(session_id, caller.tenant, false);
+        if (!src.ok()) return (*d)(src.status());
+        absl::StatusOr<SessionStore::Reservation> r =
+            impl->store->Reserve(caller.tenant, meta->hot_bytes, meta->cold_bytes, meta->cold_in_memory);
+        if (!r.ok()) {
+          impl->Reject(r.status());
+          return (*d)(r.status());
         }
-        out.total_kv_bytes = s->cache.KvBytes();
-        out.full_equivalent_kv_bytes = s->cache.FullEquivalentKvBytes(s->tokens_seen);
-        out.position_bytes = s->cache.PositionBytes();
+        auto data = std::make_shared<SessionData>();
+        try {
+          const SessionData& from = **src;
+          data->hot = from.hot.Clone();
+          data->last_logits = from.last_logits.clone();
+          data->tokens = from.tokens;
+          if (from.cold != nullptr) {
+            absl::StatusOr<model::KvCache> cold = from.cold->ClonePrefix(from.cold_len);
+            if (!cold.ok()) {
+              impl->store->Unreserve(*r);
+              return (*d)(cold.status());
+            }
+            data->cold = std::make_shared<model::KvCache>(std::move(*cold));
+            data->cold_len = from.cold_len;
+            data->window_queries = from.window_queries;    // never modified in place
+            data->window_positions = from.window_positions;
+            data->h2o_scores = from.h2o_scores;
+          }
+        } catch (const std::exception& e) {
+          impl->store->Unreserve(*r);
+          return (*d)(absl::InternalError(absl::StrCat("fork: ", e.what())));
+        }
+        SessionMeta copy = *meta;
+        copy.created = copy.last_used = impl->clock->Now();
+        copy.ttl = ttl.value_or(meta->ttl);
+        const std::string id = r->id;
+        if (absl::Status s = impl->store->Insert(*r, copy, std::move(data)); !s.ok()) {
+          impl->Reject(s);
+          return (*d)(s);
+        }
+        if (impl->observer != nullptr) impl->observer->OnSessionCreated();
+        absl::StatusOr<SessionMeta> now = impl->store->Get(id, caller.tenant, false);
+        (*d)(now.ok() ? absl::StatusOr<SessionInfo>(impl->Info(*now)) : now.status());
+      })) {
+    (*d)(absl::UnavailableError("server is shutting down"));
+  }
+}
+
+void Engine::GetSession(Caller caller, std::string session_id, DoneFn<SessionInfo> done) {
+  if (!IsValidSessionId(session_id)) {
+    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+  }
+  absl::StatusOr<SessionMeta> meta = impl_->store->Get(session_id, caller.tenant, /*touch=*/true);
+  if (!meta.ok()) return done(meta.status());
+  done(impl_->Info(*meta));
+}
+
+void Engine::ListSessions(Caller caller, DoneFn<std::vector<SessionInfo>> done) {
+  std::vector<SessionInfo> out;
+  for (const SessionMeta& m : impl_->store->List(caller.tenant)) out.push_back(impl_->Info(m));
+  done(std::move(out));
+}
+
+void Engine::DeleteSession(Caller caller, std::string session_id, DoneFn<int64_t> done) {
+  if (!IsValidSessionId(session_id)) {
+    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+  }
+  done(impl_->store->Delete(session_id, caller.tenant));
+}
+
+void Engine::InspectCache(Caller caller, std::string session_id, bool include_positions,
+                          DoneFn<CacheInspection> done) {
+  Impl* impl = impl_.get();
+  if (!IsValidSessionId(session_id)) {
+    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+  }
+  auto d = std::make_shared<DoneFn<CacheInspection>>(std::move(done));
+  if (!impl->Post([impl, caller, session_id, include_positions, d] {
+        absl::StatusOr<SessionMeta> meta = impl->store->Get(session_id, caller.tenant, true);
+        if (!meta.ok()) return (*d)(meta.status());
+        absl::StatusOr<std::shared_ptr<SessionData>> data = impl->store->Data(session_id, caller.tenant, false);
+        if (!data.ok()) return (*d)(data.status());
+        const model::KvCache& hot = (*data)->hot;
+        CacheInspection out;
+        out.session = impl->Info(*meta);
+        out.layers = impl->Layers(hot.cells(), include_positions);
+        for (const LayerCacheInfo& l : out.layers) out.total_retained_entries += l.retained * impl->facts.num_kv_heads;
+        out.total_kv_bytes = hot.KvBytes();
+        out.full_equivalent_kv_bytes = hot.FullEquivalentKvBytes(meta->tokens_seen);
+        out.position_bytes = hot.PositionBytes();
+        out.cold_kv_bytes = meta->cold_bytes;
         (*d)(std::move(out));
       })) {
     (*d)(absl::UnavailableError("server is shutting down"));
   }
+}
+
+StoreTotals Engine::Totals() const { return impl_->store->Totals(); }
+
+void Engine::Wake() {
+  absl::MutexLock lock(&impl_->mu);
+  impl_->wake = true;
+}
+
+EngineHealth Engine::Health() const {
+  EngineHealth h;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    h.queued = static_cast<int>(impl_->inbox.size());
+  }
+  h.queued += impl_->work_items.load() + impl_->edge->queued();
+  const absl::Time last = absl::FromUnixNanos(impl_->last_progress_ns.load());
+  h.seconds_since_step = std::max(0.0, absl::ToDoubleSeconds(impl_->clock->Now() - last));
+  h.serving = !(h.queued > 0 && impl_->clock->Now() - last > impl_->config.stuck_after);
+  return h;
 }
 
 void Engine::CancelAll() {
@@ -1091,12 +1231,14 @@ void Engine::Shutdown() {
       if (auto c = w.lock()) c->store(true);
     }
   }
+  // Edge work still queued answers UNAVAILABLE; then the engine drains.
+  impl_->edge->Shutdown();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
 int Engine::QueueDepth() const {
   absl::MutexLock lock(&impl_->mu);
-  return static_cast<int>(impl_->tasks.size()) + impl_->pending_prefill.load();
+  return static_cast<int>(impl_->inbox.size()) + impl_->work_items.load() + impl_->edge->queued();
 }
 
 }  // namespace echokv::server

@@ -1,19 +1,20 @@
-// The engine of echokv-server: ONE thread owns the model, the tokenizer and every
-// session's compact KV cache (DESIGN.md rule 7). gRPC threads hand it work through a
-// mutex + condvar queue; results come back through callbacks that run ON THE ENGINE
-// THREAD and must not block (a reactor queues a write and returns).
+// The engine of echokv-server (docs/ARCHITECTURE.md "Engine"): ONE thread owns the
+// model and every session's tensors (DESIGN.md rule 7) and runs a loop of Step()s:
 //
-// Scheduling: each loop iteration runs the queued quick tasks, reaps idle sessions,
-// runs one decode step of every active generation (round robin: fair interleaving),
-// then at most one prefill/compression job; while that job runs, every prefill chunk
-// and policy step runs the quick tasks and one more decode round, so a long
-// compression never starves the streams.
+//   inbox (admissions, quick tasks) -> Scheduler::Schedule -> run the plan (one batched
+//   decode for every ready stream + lookahead rows, prefill slices within a token
+//   budget, bounded policy phases) -> outputs (deltas, completions) -> reap
+//
+// Requests are validated and tokenized on a small pool of edge threads first (bounded
+// work per request, never on the engine thread); sessions' metadata lives in a
+// thread-safe SessionStore. Results come back through callbacks that run on the engine
+// thread (or an edge thread for early errors) and must not block.
 //
 // This header is torch-free (plain structs) so service.cc compiles fast.
 //
 //   ECHOKV_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, &metrics));
 //   auto cancel = std::make_shared<std::atomic<bool>>(false);
-//   engine->CreateSession(std::move(input), cfg, std::nullopt, cancel,
+//   engine->CreateSession(std::move(request), cancel,
 //                         [](const ProgressEvent& p) { /* queue a message */ },
 //                         [](absl::StatusOr<SessionInfo> s) { /* finish the RPC */ });
 #ifndef ECHOKV_SERVER_ENGINE_H_
@@ -34,7 +35,14 @@
 #include "compression/report.h"
 #include "model/chat_template.h"
 #include "model/sampler.h"
+#include "server/clock.h"
+#include "server/session_store.h"
 #include "server/stats.h"
+
+namespace echokv::model {
+class Transformer;
+class Tokenizer;
+}  // namespace echokv::model
 
 namespace echokv::server {
 
@@ -43,11 +51,13 @@ struct EngineLimits {
   int64_t max_context_tokens = 0;           // 0 = the model's max_position_embeddings
   int max_new_tokens = 1024;                // Generate max_tokens upper bound
   int max_sessions = 256;
-  int64_t max_kv_bytes = int64_t{8} << 30;  // sum of the retained caches of all sessions
+  int64_t max_kv_bytes = int64_t{8} << 30;  // hot bytes of all sessions together
+  int64_t max_cold_bytes = int64_t{8} << 30;  // cold tiers held in memory, together
   absl::Duration session_ttl = absl::Minutes(30);       // default idle expiry
   absl::Duration max_session_ttl = absl::Hours(24);     // largest ttl a client may ask
   int max_concurrent_streams = 64;          // streaming RPCs + Compress in flight
   int64_t max_request_bytes = int64_t{4} << 20;  // input bytes before tokenizing
+  int max_stream_backlog = 16;              // unread messages before a stream is skipped
   absl::Status Validate() const;            // names the bad field
 };
 
@@ -55,10 +65,17 @@ struct EngineConfig {
   std::string model_dir;
   std::string device = "cpu";
   std::string dtype = "float32";
-  int threads = 0;                          // LibTorch intra-op threads; 0 = default
+  int threads = 0;                          // compute threads; 0 = default
   compression::CompressionConfig default_compression;
+  MemoryMode default_memory = MemoryMode::kEvict;
   EngineLimits limits;
-  int prefill_chunk = 256;                  // tokens per prefill chunk
+  int prefill_chunk = 256;                  // tokens per prefill call
+  int64_t max_step_tokens = 256;            // decode rows + prefill tokens per step
+  int edge_threads = 2;                     // tokenization / validation workers
+  std::string replica_id;                   // session id prefix ("" = none)
+  // The engine counts as stuck (health NOT_SERVING) when work is waiting and no step
+  // has completed for this long.
+  absl::Duration stuck_after = absl::Seconds(30);
   absl::Status Validate() const;
 };
 
@@ -92,15 +109,20 @@ struct ServerFacts {
   std::string dtype;
   std::vector<std::string> policies;
   compression::CompressionConfig default_compression;
+  MemoryMode default_memory = MemoryMode::kEvict;
   EngineLimits limits;            // max_context_tokens resolved
+  std::string replica_id;
+  bool durable = false;           // sessions survive restarts (--state_dir)
 };
 
 struct SessionInfo {
   std::string id;
+  MemoryMode memory = MemoryMode::kEvict;
   int64_t tokens_seen = 0;
   int64_t retained_entries = 0;
-  int64_t retained_kv_bytes = 0;
+  int64_t retained_kv_bytes = 0;   // hot bytes
   int64_t full_kv_bytes = 0;       // full cache of tokens_seen tokens
+  int64_t cold_kv_bytes = 0;       // exact history (tiered)
   compression::CompressionConfig config;  // workspace resolved
   compression::CompressionReport last_report;
   absl::Time created;
@@ -116,7 +138,27 @@ struct ProgressEvent {
   double elapsed_seconds = 0;
 };
 
+// Who is calling: every session belongs to the tenant that created it.
+struct Caller {
+  std::string tenant;  // "" when the server runs open (--insecure)
+};
+
+struct CreateRequest {
+  Caller caller;
+  InputSpec input;
+  compression::CompressionConfig config;  // server defaults applied, not yet validated
+  std::optional<MemoryMode> memory;       // unset = the server default
+  std::optional<absl::Duration> ttl;
+};
+
+struct AppendRequest {
+  Caller caller;
+  std::string session_id;
+  InputSpec input;
+};
+
 struct GenerateParams {
+  Caller caller;
   std::string session_id;
   int max_tokens = 128;
   model::SamplingParams sampling;
@@ -160,6 +202,7 @@ struct CacheInspection {
   int64_t total_kv_bytes = 0;
   int64_t full_equivalent_kv_bytes = 0;
   int64_t position_bytes = 0;
+  int64_t cold_kv_bytes = 0;
 };
 
 struct CompressOutcome {
@@ -172,7 +215,21 @@ using CancelFlag = std::shared_ptr<std::atomic<bool>>;
 template <typename T>
 using DoneFn = std::function<void(absl::StatusOr<T>)>;
 using ProgressFn = std::function<void(const ProgressEvent&)>;
-using DeltaFn = std::function<void(GenerateDelta)>;
+
+// Where a stream's output goes. `backlog` (may be empty) reports how many messages the
+// reader has not taken yet; at EngineLimits::max_stream_backlog the scheduler skips the
+// stream until the reader catches up (the reactor calls Engine::Wake then).
+struct StreamSink {
+  std::function<void(GenerateDelta)> on_delta;
+  std::function<int()> backlog;
+};
+
+// Engine health for the gRPC health service and the watchdog.
+struct EngineHealth {
+  bool serving = true;             // false: stuck (work waiting, no step for stuck_after)
+  double seconds_since_step = 0;   // since the last completed step (0 when idle)
+  int queued = 0;                  // requests and jobs waiting
+};
 
 class Engine {
  public:
@@ -180,48 +237,54 @@ class Engine {
   // null) receives plain stats; it must outlive the engine and be thread-safe.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineConfig& config,
                                                         EngineObserver* observer);
+  // The test seam: an engine over an already loaded model and tokenizer (shared, so
+  // several engines or a test can use one model) and an injected clock.
+  // config.model_dir names the model in facts only.
+  static absl::StatusOr<std::unique_ptr<Engine>> CreateWithModel(
+      const EngineConfig& config, std::shared_ptr<const model::Transformer> model,
+      std::shared_ptr<const model::Tokenizer> tokenizer, std::optional<model::ChatTemplate> chat,
+      EngineObserver* observer, const Clock* clock);
   ~Engine();  // Shutdown() + join
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
   const ServerFacts& facts() const;
 
-  // Every method below returns at once; `done` runs exactly once on the engine thread
-  // (or inline with UNAVAILABLE after Shutdown). Progress/delta callbacks run on the
-  // engine thread before `done`. A set cancel flag stops the work within one decode
-  // step or prefill chunk with CANCELLED and leaves every session as it was.
-  void CreateSession(InputSpec input, compression::CompressionConfig config,
-                     std::optional<absl::Duration> ttl, CancelFlag cancel, ProgressFn progress,
-                     DoneFn<SessionInfo> done);
-  void AppendToSession(std::string session_id, InputSpec input, CancelFlag cancel,
-                       ProgressFn progress, DoneFn<SessionInfo> done);
-  void Generate(GenerateParams params, CancelFlag cancel, DeltaFn on_delta,
-                DoneFn<GenerateSummary> done);
-  void Compress(InputSpec input, compression::CompressionConfig config, CancelFlag cancel,
+  // Every method below returns at once; `done` runs exactly once (on the engine thread,
+  // or on an edge thread for an early error; inline with UNAVAILABLE after Shutdown).
+  // Progress/delta callbacks run on the engine thread before `done`. A set cancel flag
+  // stops the work within one step with CANCELLED and leaves every session as it was.
+  void CreateSession(CreateRequest request, CancelFlag cancel, ProgressFn progress, DoneFn<SessionInfo> done);
+  void AppendToSession(AppendRequest request, CancelFlag cancel, ProgressFn progress, DoneFn<SessionInfo> done);
+  void Generate(GenerateParams params, CancelFlag cancel, StreamSink sink, DoneFn<GenerateSummary> done);
+  void Compress(Caller caller, InputSpec input, compression::CompressionConfig config, CancelFlag cancel,
                 DoneFn<CompressOutcome> done);
-  void ForkSession(std::string session_id, std::optional<absl::Duration> ttl,
+  void ForkSession(Caller caller, std::string session_id, std::optional<absl::Duration> ttl,
                    DoneFn<SessionInfo> done);
-  void GetSession(std::string session_id, DoneFn<SessionInfo> done);
-  void ListSessions(DoneFn<std::vector<SessionInfo>> done);
-  void DeleteSession(std::string session_id, DoneFn<int64_t> done);  // freed bytes
-  void InspectCache(std::string session_id, bool include_positions,
+  void GetSession(Caller caller, std::string session_id, DoneFn<SessionInfo> done);
+  void ListSessions(Caller caller, DoneFn<std::vector<SessionInfo>> done);
+  void DeleteSession(Caller caller, std::string session_id, DoneFn<int64_t> done);  // freed bytes
+  void InspectCache(Caller caller, std::string session_id, bool include_positions,
                     DoneFn<CacheInspection> done);
 
+  // Live totals (thread-safe, no engine round trip).
+  StoreTotals Totals() const;
+  // Wakes the engine thread (a stream's reader caught up).
+  void Wake();
+  EngineHealth Health() const;
   // Cancels every running and queued job (they finish with CANCELLED).
   void CancelAll();
-  // Stops accepting work (UNAVAILABLE), cancels everything, joins the thread.
+  // Stops accepting work (UNAVAILABLE), cancels everything, joins the threads.
   void Shutdown();
-  // Tasks waiting in the queue (for metrics and tests).
+  // Requests and jobs waiting (for metrics and tests).
   int QueueDepth() const;
 
+  class Impl;
+
  private:
-  struct Impl;
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;  // torch-owning state; lives in engine.cc
 };
-
-// 32 lowercase hex characters from 128 bits of the OS CSPRNG (getrandom).
-absl::StatusOr<std::string> NewSessionId();
 
 }  // namespace echokv::server
 

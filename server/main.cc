@@ -13,6 +13,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -46,7 +47,17 @@ ABSL_FLAG(int, metrics_port, 9090, "Prometheus /metrics port; 0 picks a free por
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, dtype, "float32", "float32, bfloat16 or float16");
 ABSL_FLAG(int, threads, 0, "Compute threads (OpenBLAS for batched products, OpenMP for decode); 0 = $ECHOKV_THREADS or all cores");
-ABSL_FLAG(int, prefill_chunk, 256, "Tokens per prefill chunk (streams interleave between chunks)");
+ABSL_FLAG(int, prefill_chunk, 256, "Tokens per prefill model call");
+ABSL_FLAG(int64_t, max_step_tokens, 256,
+          "Tokens per engine step: one per decoding stream plus prefill tokens of waiting jobs (a smaller "
+          "budget lowers inter-token latency while a long prefill runs)");
+ABSL_FLAG(std::string, default_memory, "",
+          "Session memory mode when a request sets none: tiered or evict; default tiered with --state_dir, "
+          "else evict");
+ABSL_FLAG(std::string, replica_id, "",
+          "This replica's name (a DNS label, e.g. the pod name): new session ids are '<replica_id>.<hex>'");
+ABSL_FLAG(absl::Duration, stuck_after, absl::Seconds(30),
+          "Health turns NOT_SERVING when work is waiting and no engine step completed for this long");
 ABSL_FLAG(std::string, default_policy, "echokv", "Compression policy when a request sets none");
 ABSL_FLAG(int, default_budget, 512, "Default budget B (entries per layer and KV group)");
 ABSL_FLAG(int, default_lookahead, 8, "Default lookahead T (even)");
@@ -55,7 +66,9 @@ ABSL_FLAG(int, default_window, 0, "Default EchoKV stage-2 window w");
 ABSL_FLAG(int64_t, max_context_tokens, 0, "Most tokens a session may hold; 0 = the model's context");
 ABSL_FLAG(int, max_new_tokens, 1024, "Largest max_tokens of a Generate");
 ABSL_FLAG(int, max_sessions, 256, "Live sessions at most");
-ABSL_FLAG(int64_t, max_kv_bytes, int64_t{8} << 30, "Retained KV bytes of all sessions together");
+ABSL_FLAG(int64_t, max_kv_bytes, int64_t{8} << 30, "Hot (retained) KV bytes of all sessions together");
+ABSL_FLAG(int64_t, max_cold_bytes, int64_t{8} << 30,
+          "Cold-tier (exact history) bytes of tiered sessions held in memory, all together");
 ABSL_FLAG(absl::Duration, session_ttl, absl::Minutes(30), "Default idle expiry of a session");
 ABSL_FLAG(absl::Duration, max_session_ttl, absl::Hours(24), "Largest ttl a client may ask for");
 ABSL_FLAG(int, max_concurrent_streams, 64, "Streaming calls (and Compress) in flight at most");
@@ -77,6 +90,16 @@ absl::StatusOr<EngineConfig> ConfigFromFlags() {
   c.dtype = absl::GetFlag(FLAGS_dtype);
   c.threads = absl::GetFlag(FLAGS_threads);
   c.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  c.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
+  c.replica_id = absl::GetFlag(FLAGS_replica_id);
+  c.stuck_after = absl::GetFlag(FLAGS_stuck_after);
+  if (const std::string m = absl::GetFlag(FLAGS_default_memory); !m.empty()) {
+    absl::StatusOr<MemoryMode> mode = ParseMemoryMode(m);
+    if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("--default_memory: ", mode.status().message()));
+    c.default_memory = *mode;
+  } else {
+    c.default_memory = MemoryMode::kEvict;  // no --state_dir: never hold full caches behind the user's back
+  }
   absl::StatusOr<compression::PolicyKind> policy = compression::ParsePolicyKind(absl::GetFlag(FLAGS_default_policy));
   if (!policy.ok()) return absl::InvalidArgumentError(absl::StrCat("--default_policy: ", policy.status().message()));
   c.default_compression.policy = *policy;
@@ -89,6 +112,7 @@ absl::StatusOr<EngineConfig> ConfigFromFlags() {
   l.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   l.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   l.max_kv_bytes = absl::GetFlag(FLAGS_max_kv_bytes);
+  l.max_cold_bytes = absl::GetFlag(FLAGS_max_cold_bytes);
   l.session_ttl = absl::GetFlag(FLAGS_session_ttl);
   l.max_session_ttl = std::max(absl::GetFlag(FLAGS_max_session_ttl), l.session_ttl);
   l.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
@@ -164,9 +188,32 @@ int Run() {
   ECHOKV_LOG(INFO) << "echokv-server listening on " << host << ":" << port << ", metrics on port "
                    << metrics_port;
 
+  // Health that means something: the named service follows the engine (NOT_SERVING
+  // while work waits and no step completes); "" is the process, up until shutdown.
+  std::atomic<bool> watching{true};
+  std::thread watchdog([&] {
+    bool serving = true;
+    while (watching.load()) {
+      const EngineHealth h = (*engine)->Health();
+      if (h.serving != serving) {
+        serving = h.serving;
+        health->SetServingStatus("echokv.v1.EchoKV", serving);
+        if (serving) {
+          ECHOKV_LOG(INFO) << "engine recovered: serving again";
+        } else {
+          ECHOKV_LOG(ERROR) << "engine stuck: no step for " << h.seconds_since_step << " s with " << h.queued
+                            << " request(s) waiting; health NOT_SERVING";
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+  });
+
   int sig = 0;
   while (sigwait(&signals, &sig) != 0) {
   }
+  watching.store(false);
+  watchdog.join();
   ECHOKV_LOG(INFO) << "signal " << sig << ": shutting down (grace " << absl::GetFlag(FLAGS_shutdown_grace) << ")";
   health->SetServingStatus(false);
   const absl::Duration grace = absl::GetFlag(FLAGS_shutdown_grace);

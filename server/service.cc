@@ -144,6 +144,9 @@ void FillReport(const compression::CompressionReport& r, pb::CompressionReport* 
 
 void FillSession(const SessionInfo& s, pb::Session* out) {
   out->set_id(s.id);
+  out->set_memory(std::string(MemoryModeName(s.memory)));
+  out->set_hot_kv_bytes(s.retained_kv_bytes);
+  out->set_cold_kv_bytes(s.cold_kv_bytes);
   out->set_tokens_seen(s.tokens_seen);
   out->set_retained_entries(s.retained_entries);
   out->set_retained_kv_bytes(s.retained_kv_bytes);
@@ -152,6 +155,7 @@ void FillSession(const SessionInfo& s, pb::Session* out) {
   out->set_compression_ratio(s.full_kv_bytes > 0 ? static_cast<double>(s.retained_kv_bytes) / s.full_kv_bytes
                                                  : 1.0);
   FillConfig(s.config, out->mutable_compression());
+  out->mutable_compression()->set_memory(std::string(MemoryModeName(s.memory)));
   FillReport(s.last_report, out->mutable_last_report());
   out->set_created_unix_ms(absl::ToUnixMillis(s.created));
   out->set_last_used_unix_ms(absl::ToUnixMillis(s.last_used));
@@ -192,6 +196,12 @@ class StreamReactor : public grpc::ServerWriteReactor<Response> {
 
   CancelFlag cancel() const { return cancel_; }
 
+  // Messages queued or in flight that the client has not taken yet (backpressure).
+  int Backlog() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(queue_.size()) + (writing_ ? 1 : 0);
+  }
+
   // Queues one message (any thread; never blocks).
   void Push(Response message) {
     {
@@ -215,6 +225,7 @@ class StreamReactor : public grpc::ServerWriteReactor<Response> {
   }
 
   void OnWriteDone(bool ok) override {
+    EchoKvService* service = service_;  // `this` may be gone once Pump() starts Finish
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
@@ -224,6 +235,7 @@ class StreamReactor : public grpc::ServerWriteReactor<Response> {
         cancel_->store(true);
       }
     }
+    service->engine()->Wake();  // a stream held back by its backlog may run again
     Pump();
   }
 
@@ -303,6 +315,9 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
   CancelFlag cancel_ = std::make_shared<std::atomic<bool>>(false);
   grpc::StatusCode code_ = grpc::StatusCode::OK;  // written before Finish
 };
+
+// The tenant of a call. TODO(#12): from the authenticated bearer token.
+Caller CallerOf(grpc::CallbackServerContext* ctx) { return Caller{}; }
 
 absl::Status TooManyStreams() {
   return absl::ResourceExhaustedError(
@@ -385,15 +400,15 @@ grpc::ServerUnaryReactor* EchoKvService::GetServerInfo(grpc::CallbackServerConte
   l->set_max_session_ttl_seconds(absl::ToInt64Seconds(f.limits.max_session_ttl));
   l->set_max_concurrent_streams(f.limits.max_concurrent_streams);
   l->set_max_request_bytes(f.limits.max_request_bytes);
-  engine_->ListSessions([reactor, response](absl::StatusOr<std::vector<SessionInfo>> sessions) {
-    if (sessions.ok()) {
-      int64_t bytes = 0;
-      for (const SessionInfo& s : *sessions) bytes += s.retained_kv_bytes;
-      response->set_live_sessions(static_cast<int>(sessions->size()));
-      response->set_live_retained_kv_bytes(bytes);
-    }
-    reactor->Done(absl::OkStatus());  // facts never fail; live counts are best effort
-  });
+  l->set_max_cold_bytes(f.limits.max_cold_bytes);
+  response->mutable_default_compression()->set_memory(std::string(MemoryModeName(f.default_memory)));
+  response->set_replica_id(f.replica_id);
+  response->set_durable(f.durable);
+  const StoreTotals totals = engine_->Totals();
+  response->set_live_sessions(totals.sessions);
+  response->set_live_retained_kv_bytes(totals.hot_bytes);
+  response->set_live_cold_kv_bytes(totals.cold_bytes);
+  reactor->Done(absl::OkStatus());
   return reactor;
 }
 
@@ -412,10 +427,20 @@ grpc::ServerWriteReactor<v1::SessionProgress>* EchoKvService::CreateSession(
     reactor->Close(cfg.status());
     return reactor;
   }
-  engine_->CreateSession(
-      ToInput(request->input()), *cfg, ToTtl(request->has_ttl_seconds(), request->ttl_seconds()),
-      reactor->cancel(),
-      ProgressToStream(reactor), SessionToStream(reactor));
+  CreateRequest req;
+  req.caller = CallerOf(ctx);
+  req.input = ToInput(request->input());
+  req.config = *cfg;
+  if (request->compression().has_memory()) {
+    absl::StatusOr<MemoryMode> memory = ParseMemoryMode(request->compression().memory());
+    if (!memory.ok()) {
+      reactor->Close(absl::InvalidArgumentError(absl::StrCat("compression.", memory.status().message())));
+      return reactor;
+    }
+    req.memory = *memory;
+  }
+  req.ttl = ToTtl(request->has_ttl_seconds(), request->ttl_seconds());
+  engine_->CreateSession(std::move(req), reactor->cancel(), ProgressToStream(reactor), SessionToStream(reactor));
   return reactor;
 }
 
@@ -427,9 +452,11 @@ grpc::ServerWriteReactor<v1::SessionProgress>* EchoKvService::AppendToSession(
     reactor->Close(TooManyStreams());
     return reactor;
   }
-  engine_->AppendToSession(
-      request->session_id(), ToInput(request->input()), reactor->cancel(),
-      ProgressToStream(reactor), SessionToStream(reactor));
+  AppendRequest req;
+  req.caller = CallerOf(ctx);
+  req.session_id = request->session_id();
+  req.input = ToInput(request->input());
+  engine_->AppendToSession(std::move(req), reactor->cancel(), ProgressToStream(reactor), SessionToStream(reactor));
   return reactor;
 }
 
@@ -443,6 +470,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* EchoKvService::Generate(grpc::Ca
   }
   const ServerFacts& f = engine_->facts();
   GenerateParams p;
+  p.caller = CallerOf(ctx);
   p.session_id = request->session_id();
   p.max_tokens = request->has_max_tokens() ? request->max_tokens() : std::min(128, f.limits.max_new_tokens);
   const pb::SamplingParams& sp = request->sampling();
@@ -454,14 +482,16 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* EchoKvService::Generate(grpc::Ca
   p.stop_ids.assign(request->stop_token_ids().begin(), request->stop_token_ids().end());
   p.ignore_eos = request->ignore_eos();
   p.commit = request->commit();
+  StreamSink sink;
+  sink.on_delta = [reactor](GenerateDelta d) {
+    pb::GenerateResponse msg;
+    msg.set_text(std::move(d.text));
+    for (int id : d.ids) msg.add_token_ids(id);
+    reactor->Push(std::move(msg));
+  };
+  sink.backlog = [reactor] { return reactor->Backlog(); };
   engine_->Generate(
-      std::move(p), reactor->cancel(),
-      [reactor](GenerateDelta d) {
-        pb::GenerateResponse msg;
-        msg.set_text(std::move(d.text));
-        for (int id : d.ids) msg.add_token_ids(id);
-        reactor->Push(std::move(msg));
-      },
+      std::move(p), reactor->cancel(), std::move(sink),
       [reactor](absl::StatusOr<GenerateSummary> s) {
         if (!s.ok()) return reactor->Close(s.status());
         pb::GenerateResponse msg;
@@ -488,7 +518,7 @@ grpc::ServerUnaryReactor* EchoKvService::ForkSession(grpc::CallbackServerContext
                                                      const v1::ForkSessionRequest* request,
                                                      v1::Session* response) {
   auto* reactor = new UnaryReactor(this, "ForkSession", false);
-  engine_->ForkSession(request->session_id(), ToTtl(request->has_ttl_seconds(), request->ttl_seconds()),
+  engine_->ForkSession(CallerOf(ctx), request->session_id(), ToTtl(request->has_ttl_seconds(), request->ttl_seconds()),
                        [reactor, response](absl::StatusOr<SessionInfo> s) {
                          if (s.ok()) FillSession(*s, response);
                          reactor->Done(s.status());
@@ -500,7 +530,7 @@ grpc::ServerUnaryReactor* EchoKvService::GetSession(grpc::CallbackServerContext*
                                                     const v1::GetSessionRequest* request,
                                                     v1::Session* response) {
   auto* reactor = new UnaryReactor(this, "GetSession", false);
-  engine_->GetSession(request->session_id(), [reactor, response](absl::StatusOr<SessionInfo> s) {
+  engine_->GetSession(CallerOf(ctx), request->session_id(), [reactor, response](absl::StatusOr<SessionInfo> s) {
     if (s.ok()) FillSession(*s, response);
     reactor->Done(s.status());
   });
@@ -511,7 +541,7 @@ grpc::ServerUnaryReactor* EchoKvService::ListSessions(grpc::CallbackServerContex
                                                       const v1::ListSessionsRequest* request,
                                                       v1::ListSessionsResponse* response) {
   auto* reactor = new UnaryReactor(this, "ListSessions", false);
-  engine_->ListSessions([reactor, response](absl::StatusOr<std::vector<SessionInfo>> s) {
+  engine_->ListSessions(CallerOf(ctx), [reactor, response](absl::StatusOr<std::vector<SessionInfo>> s) {
     if (s.ok()) {
       for (const SessionInfo& info : *s) FillSession(info, response->add_sessions());
     }
@@ -524,7 +554,7 @@ grpc::ServerUnaryReactor* EchoKvService::DeleteSession(grpc::CallbackServerConte
                                                        const v1::DeleteSessionRequest* request,
                                                        v1::DeleteSessionResponse* response) {
   auto* reactor = new UnaryReactor(this, "DeleteSession", false);
-  engine_->DeleteSession(request->session_id(), [reactor, response](absl::StatusOr<int64_t> freed) {
+  engine_->DeleteSession(CallerOf(ctx), request->session_id(), [reactor, response](absl::StatusOr<int64_t> freed) {
     if (freed.ok()) response->set_freed_kv_bytes(*freed);
     reactor->Done(freed.status());
   });
@@ -535,7 +565,7 @@ grpc::ServerUnaryReactor* EchoKvService::InspectCache(grpc::CallbackServerContex
                                                       const v1::InspectCacheRequest* request,
                                                       v1::InspectCacheResponse* response) {
   auto* reactor = new UnaryReactor(this, "InspectCache", false);
-  engine_->InspectCache(request->session_id(), request->include_positions(),
+  engine_->InspectCache(CallerOf(ctx), request->session_id(), request->include_positions(),
                         [reactor, response](absl::StatusOr<CacheInspection> c) {
                           if (c.ok()) {
                             FillSession(c->session, response->mutable_session());
@@ -545,6 +575,8 @@ grpc::ServerUnaryReactor* EchoKvService::InspectCache(grpc::CallbackServerContex
                             response->set_full_equivalent_kv_bytes(c->full_equivalent_kv_bytes);
                             response->set_position_bytes(c->position_bytes);
                             FillReport(c->session.last_report, response->mutable_last_report());
+                            response->set_memory(std::string(MemoryModeName(c->session.memory)));
+                            response->set_cold_kv_bytes(c->cold_kv_bytes);
                           }
                           reactor->Done(c.status());
                         });
@@ -566,7 +598,7 @@ grpc::ServerUnaryReactor* EchoKvService::Compress(grpc::CallbackServerContext* c
     reactor->Done(cfg.status());
     return reactor;
   }
-  engine_->Compress(ToInput(request->input()), *cfg, reactor->cancel(),
+  engine_->Compress(CallerOf(ctx), ToInput(request->input()), *cfg, reactor->cancel(),
                     [reactor, response](absl::StatusOr<CompressOutcome> c) {
                       if (c.ok()) {
                         FillLayers(c->layers, response->mutable_layers());

@@ -58,6 +58,7 @@ class EchoKvService final : public echokv::v1::EchoKV::CallbackService {
 
   // Shared with the reactors (service.cc).
   Metrics* metrics() const { return metrics_; }
+  Engine* engine() const { return engine_; }
   // Claims a stream slot; false (and nothing claimed) when max_concurrent_streams
   // are already in flight.
   bool AcquireStream();

@@ -1,0 +1,86 @@
+// One Generate stream and its output stage (engine thread only): the stream's private
+// copy of the session's hot tier, its own sampler and RNG, stop checks, UTF-8-safe
+// text deltas that never show a prefix of a stop string, and timing.
+//
+//   Stream s(id, params, cancel, sink, done);
+//   s.Begin(std::move(cache), logits, prompt_tokens, eos_ids, tokenizer, now);
+//   if (s.pending_token() >= 0) { /* decode it into s.cache(), then */ s.SetLogits(l); }
+//   ECHOKV_ASSIGN_OR_RETURN(bool finished, s.Emit(now, observer));
+#ifndef ECHOKV_SERVER_GENERATION_H_
+#define ECHOKV_SERVER_GENERATION_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "model/kv_cache.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+#include "server/engine.h"
+
+namespace echokv::server {
+
+class Stream {
+ public:
+  Stream(uint64_t id, GenerateParams params, CancelFlag cancel, StreamSink sink, DoneFn<GenerateSummary> done,
+         absl::Time admitted);
+
+  // Starts from the session's hot tier copy and next-token logits ([V] float32 CPU).
+  void Begin(model::KvCache cache, at::Tensor logits, int64_t prompt_tokens, std::vector<int> eos_ids,
+             const model::Tokenizer* tokenizer);
+
+  uint64_t id() const { return id_; }
+  const GenerateParams& params() const { return params_; }
+  bool cancelled() const { return cancel_->load(); }
+  // The reader has taken enough of what it was sent (backpressure).
+  bool ready(int max_backlog) const;
+  // The token to decode before the next sample; -1 when the current logits are fresh.
+  int pending_token() const { return pending_token_; }
+  model::KvCache* cache() { return &cache_; }
+  // The logits after decoding pending_token().
+  void SetLogits(at::Tensor logits);
+
+  // Samples the next token from the current logits, applies the stop rules and sends
+  // the text delta. Returns true when the generation is over (then `reason()`, the
+  // generated ids and Summary() are final).
+  absl::StatusOr<bool> Emit(absl::Time now, EngineObserver* observer);
+
+  FinishReason reason() const { return reason_; }
+  // Every sampled token (no eos/stop id), and the id that stopped it (-1 if none).
+  const std::vector<int>& generated() const { return generated_; }
+  int stop_token() const { return stop_token_; }
+  GenerateSummary Summary(absl::Time now) const;
+
+  // Ends the call (runs `done` once).
+  void Finish(absl::StatusOr<GenerateSummary> result);
+
+ private:
+  uint64_t id_;
+  GenerateParams params_;
+  CancelFlag cancel_;                                   // never null
+  StreamSink sink_;
+  DoneFn<GenerateSummary> done_;                        // reset after it ran
+  model::KvCache cache_;                                // private copy of the hot tier
+  at::Tensor logits_;                                   // [V] float32 CPU, next-token logits
+  int pending_token_ = -1;                              // sampled, not yet decoded into cache_
+  std::unique_ptr<model::Sampler> sampler_;
+  model::StopCriteria stop_;
+  std::unique_ptr<model::IncrementalDecoder> decoder_;
+  std::vector<int> generated_;                          // every sampled token (no eos/stop id)
+  int stop_token_ = -1;                                 // the eos / stop id that ended it
+  std::string held_;                                    // text withheld: may start a stop string
+  FinishReason reason_ = FinishReason::kLength;
+  int64_t prompt_tokens_ = 0;                           // session tokens when admitted
+  absl::Time admitted_;
+  absl::Time first_token_;
+  absl::Time last_token_;
+};
+
+}  // namespace echokv::server
+
+#endif  // ECHOKV_SERVER_GENERATION_H_

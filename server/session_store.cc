@@ -1,0 +1,361 @@
+#include "server/session_store.h"
+
+#include <sys/random.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace echokv::server {
+
+absl::string_view MemoryModeName(MemoryMode mode) {
+  switch (mode) {
+    case MemoryMode::kTiered:
+      return "tiered";
+    case MemoryMode::kEvict:
+      return "evict";
+  }
+  return "evict";
+}
+
+absl::StatusOr<MemoryMode> ParseMemoryMode(absl::string_view name) {
+  if (name == "tiered") return MemoryMode::kTiered;
+  if (name == "evict") return MemoryMode::kEvict;
+  return absl::InvalidArgumentError(
+      absl::StrCat("memory: unknown mode '", EscapedIdPrefix(name), "'; one of tiered, evict"));
+}
+
+absl::Status SessionLimits::Validate() const {
+  if (max_sessions < 1) return absl::InvalidArgumentError("max_sessions must be >= 1");
+  if (max_kv_bytes < 1) return absl::InvalidArgumentError("max_kv_bytes must be >= 1");
+  if (max_cold_bytes < 0) return absl::InvalidArgumentError("max_cold_bytes must be >= 0");
+  return absl::OkStatus();
+}
+
+absl::Status SessionNotFound(absl::string_view id) {
+  return absl::NotFoundError(
+      absl::StrCat("session ", EscapedIdPrefix(id), " not found (unknown, deleted or expired)"));
+}
+
+namespace {
+
+absl::Status Busy(absl::string_view id) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "session ", EscapedIdPrefix(id),
+      " is busy: another mutation (append, generate with commit, delete) is in progress; retry when it finishes"));
+}
+
+bool IsLabelChar(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; }
+bool IsHex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
+
+}  // namespace
+
+absl::StatusOr<std::string> RandomHex128() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(absl::StrCat("getrandom failed: ", std::strerror(errno)));
+    }
+    got += static_cast<size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id(32, '0');
+  for (int i = 0; i < 16; ++i) {
+    id[2 * i] = kHex[bytes[i] >> 4];
+    id[2 * i + 1] = kHex[bytes[i] & 15];
+  }
+  return id;
+}
+
+bool IsValidSessionId(absl::string_view id) {
+  if (id.size() < 32) return false;
+  absl::string_view hex = id.substr(id.size() - 32);
+  if (!std::all_of(hex.begin(), hex.end(), IsHex)) return false;
+  if (id.size() == 32) return true;
+  // "<label>." before the hex part.
+  absl::string_view prefix = id.substr(0, id.size() - 32);
+  if (prefix.size() < 2 || prefix.back() != '.') return false;
+  absl::string_view label = prefix.substr(0, prefix.size() - 1);
+  if (label.size() > 63) return false;
+  if (!std::all_of(label.begin(), label.end(), IsLabelChar)) return false;
+  return label.front() != '-' && label.back() != '-';
+}
+
+absl::string_view SessionIdOwner(absl::string_view id) {
+  if (!IsValidSessionId(id) || id.size() == 32) return "";
+  return id.substr(0, id.size() - 33);
+}
+
+std::string EscapedIdPrefix(absl::string_view id) {
+  constexpr size_t kMax = 40;
+  std::string out = "'";
+  for (size_t i = 0; i < id.size() && i < kMax; ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\'' && c != '\\') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+    }
+  }
+  if (id.size() > kMax) absl::StrAppend(&out, "...(", id.size(), " bytes)");
+  out.push_back('\'');
+  return out;
+}
+
+SessionStore::SessionStore(const SessionLimits& limits, const Clock* clock, std::string replica_id)
+    : limits_(limits), clock_(clock), replica_id_(std::move(replica_id)) {}
+
+absl::Status SessionStore::CheckLimitsLocked(int extra_sessions, int64_t hot_delta,
+                                             int64_t cold_memory_delta) const {
+  const int live = static_cast<int>(sessions_.size() + reservations_.size());
+  if (extra_sessions > 0 && live + extra_sessions > limits_.max_sessions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("max_sessions (", limits_.max_sessions, ") reached; delete a session first"));
+  }
+  if (hot_delta > 0 && hot_bytes_ + hot_delta > limits_.max_kv_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("max_kv_bytes (", limits_.max_kv_bytes,
+                                                     ") would be exceeded: sessions hold ", hot_bytes_,
+                                                     " bytes and this needs ", hot_delta, " more"));
+  }
+  if (cold_memory_delta > 0 && cold_memory_bytes_ + cold_memory_delta > limits_.max_cold_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_cold_bytes (", limits_.max_cold_bytes, ") would be exceeded: cold tiers in memory hold ",
+        cold_memory_bytes_, " bytes and this needs ", cold_memory_delta, " more"));
+  }
+  return absl::OkStatus();
+}
+
+bool SessionStore::IdTakenLocked(const std::string& id) const {
+  if (sessions_.contains(id)) return true;
+  for (const auto& [ticket, r] : reservations_) {
+    if (r.id == id) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::string> SessionStore::NewIdLocked() const {
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    absl::StatusOr<std::string> hex = RandomHex128();
+    if (!hex.ok()) return hex.status();
+    std::string id = replica_id_.empty() ? *hex : absl::StrCat(replica_id_, ".", *hex);
+    if (!IdTakenLocked(id)) return id;
+  }
+  return absl::InternalError("could not draw an unused session id");
+}
+
+absl::StatusOr<SessionStore::Reservation> SessionStore::Reserve(const std::string& tenant, int64_t hot_bytes,
+                                                                int64_t cold_bytes, bool cold_in_memory) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::string> id = NewIdLocked();
+  if (!id.ok()) return id.status();
+  const int64_t cold_mem = cold_in_memory ? cold_bytes : 0;
+  if (absl::Status s = CheckLimitsLocked(1, hot_bytes, cold_mem); !s.ok()) return s;
+  Reservation r{next_ticket_++, *id, tenant, hot_bytes, cold_bytes, cold_in_memory};
+  reservations_.emplace(r.ticket, r);
+  hot_bytes_ += hot_bytes;
+  cold_memory_bytes_ += cold_mem;
+  return r;
+}
+
+absl::StatusOr<SessionStore::Reservation> SessionStore::ReserveId(const std::string& id, const std::string& tenant,
+                                                                  int64_t hot_bytes, int64_t cold_bytes,
+                                                                  bool cold_in_memory) {
+  absl::MutexLock lock(&mu_);
+  if (!IsValidSessionId(id)) {
+    return absl::InvalidArgumentError(absl::StrCat("session id ", EscapedIdPrefix(id), " is malformed"));
+  }
+  if (IdTakenLocked(id)) {
+    return absl::AlreadyExistsError(absl::StrCat("session ", EscapedIdPrefix(id), " already exists"));
+  }
+  const int64_t cold_mem = cold_in_memory ? cold_bytes : 0;
+  if (absl::Status s = CheckLimitsLocked(1, hot_bytes, cold_mem); !s.ok()) return s;
+  Reservation r{next_ticket_++, id, tenant, hot_bytes, cold_bytes, cold_in_memory};
+  reservations_.emplace(r.ticket, r);
+  hot_bytes_ += hot_bytes;
+  cold_memory_bytes_ += cold_mem;
+  return r;
+}
+
+void SessionStore::Unreserve(const Reservation& r) {
+  absl::MutexLock lock(&mu_);
+  auto it = reservations_.find(r.ticket);
+  if (it == reservations_.end()) return;
+  hot_bytes_ -= it->second.hot_bytes;
+  cold_memory_bytes_ -= it->second.cold_in_memory ? it->second.cold_bytes : 0;
+  reservations_.erase(it);
+}
+
+absl::Status SessionStore::Insert(const Reservation& r, SessionMeta meta, std::shared_ptr<SessionData> data) {
+  absl::MutexLock lock(&mu_);
+  auto it = reservations_.find(r.ticket);
+  if (it == reservations_.end()) return absl::InternalError("session reservation not found");
+  const Reservation held = it->second;
+  // Release the estimate, then admit the exact bytes.
+  reservations_.erase(it);
+  hot_bytes_ -= held.hot_bytes;
+  cold_memory_bytes_ -= held.cold_in_memory ? held.cold_bytes : 0;
+  const int64_t cold_mem = meta.cold_in_memory ? meta.cold_bytes : 0;
+  if (absl::Status s = CheckLimitsLocked(0, meta.hot_bytes, cold_mem); !s.ok()) return s;
+  meta.id = held.id;
+  meta.tenant = held.tenant;
+  meta.busy = false;
+  // Unset times start now; a restored session keeps its own (its idle timer goes on).
+  const absl::Time now = clock_->Now();
+  if (meta.created == absl::UnixEpoch()) meta.created = now;
+  if (meta.last_used == absl::UnixEpoch()) meta.last_used = now;
+  hot_bytes_ += meta.hot_bytes;
+  cold_memory_bytes_ += cold_mem;
+  const std::string id = meta.id;
+  sessions_[id] = Entry{std::move(meta), std::move(data)};
+  return absl::OkStatus();
+}
+
+SessionStore::Entry* SessionStore::FindLocked(const std::string& id, const std::string& tenant) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return nullptr;
+  Entry& e = it->second;
+  if (e.meta.tenant != tenant) return nullptr;  // another tenant's: exactly like unknown
+  if (!e.meta.busy && clock_->Now() - e.meta.last_used > e.meta.ttl) return nullptr;  // expired
+  return &e;
+}
+
+absl::StatusOr<SessionMeta> SessionStore::Claim(const std::string& id, const std::string& tenant) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = FindLocked(id, tenant);
+  if (e == nullptr) return SessionNotFound(id);
+  if (e->meta.busy) return Busy(id);
+  e->meta.busy = true;
+  e->meta.last_used = clock_->Now();
+  return e->meta;
+}
+
+void SessionStore::Release(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  it->second.meta.busy = false;
+  it->second.meta.last_used = clock_->Now();
+}
+
+absl::Status SessionStore::Commit(const std::string& id, SessionMeta updated, std::shared_ptr<SessionData> data) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return absl::InternalError("committing a session that is gone");
+  Entry& e = it->second;
+  // The session's own old bytes are freed by this commit.
+  const int64_t old_cold = e.meta.cold_in_memory ? e.meta.cold_bytes : 0;
+  const int64_t new_cold = updated.cold_in_memory ? updated.cold_bytes : 0;
+  if (absl::Status s = CheckLimitsLocked(0, updated.hot_bytes - e.meta.hot_bytes, new_cold - old_cold); !s.ok()) {
+    return s;
+  }
+  hot_bytes_ += updated.hot_bytes - e.meta.hot_bytes;
+  cold_memory_bytes_ += new_cold - old_cold;
+  updated.id = e.meta.id;
+  updated.tenant = e.meta.tenant;
+  updated.created = e.meta.created;
+  updated.busy = false;
+  updated.last_used = clock_->Now();
+  e.meta = std::move(updated);
+  e.data = std::move(data);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SessionMeta> SessionStore::Get(const std::string& id, const std::string& tenant, bool touch) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = FindLocked(id, tenant);
+  if (e == nullptr) return SessionNotFound(id);
+  if (touch) e->meta.last_used = clock_->Now();
+  return e->meta;
+}
+
+absl::StatusOr<std::shared_ptr<SessionData>> SessionStore::Data(const std::string& id, const std::string& tenant,
+                                                                bool touch) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = FindLocked(id, tenant);
+  if (e == nullptr) return SessionNotFound(id);
+  if (touch) e->meta.last_used = clock_->Now();
+  return e->data;
+}
+
+void SessionStore::ReplaceData(const std::string& id, std::shared_ptr<SessionData> data, bool cold_in_memory) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  Entry& e = it->second;
+  if (e.meta.cold_in_memory != cold_in_memory) {
+    cold_memory_bytes_ += (cold_in_memory ? 1 : -1) * e.meta.cold_bytes;
+    e.meta.cold_in_memory = cold_in_memory;
+  }
+  e.data = std::move(data);
+}
+
+std::vector<SessionMeta> SessionStore::List(const std::string& tenant) {
+  ReapExpired();
+  std::vector<SessionMeta> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, e] : sessions_) {
+      if (e.meta.tenant == tenant) out.push_back(e.meta);
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const SessionMeta& a, const SessionMeta& b) {
+    return a.created != b.created ? a.created < b.created : a.id < b.id;
+  });
+  return out;
+}
+
+absl::StatusOr<int64_t> SessionStore::Delete(const std::string& id, const std::string& tenant) {
+  std::shared_ptr<SessionData> doomed;  // freed outside the lock
+  absl::MutexLock lock(&mu_);
+  Entry* e = FindLocked(id, tenant);
+  if (e == nullptr) return SessionNotFound(id);
+  if (e->meta.busy) return Busy(id);
+  const int64_t freed = e->meta.hot_bytes;
+  hot_bytes_ -= e->meta.hot_bytes;
+  cold_memory_bytes_ -= e->meta.cold_in_memory ? e->meta.cold_bytes : 0;
+  doomed = std::move(e->data);
+  sessions_.erase(id);
+  return freed;
+}
+
+std::vector<std::string> SessionStore::ReapExpired() {
+  std::vector<std::string> gone;
+  std::vector<std::shared_ptr<SessionData>> doomed;  // freed outside the lock
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    const SessionMeta& m = it->second.meta;
+    if (!m.busy && now - m.last_used > m.ttl) {
+      gone.push_back(m.id);
+      hot_bytes_ -= m.hot_bytes;
+      cold_memory_bytes_ -= m.cold_in_memory ? m.cold_bytes : 0;
+      doomed.push_back(std::move(it->second.data));
+      sessions_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  return gone;
+}
+
+StoreTotals SessionStore::Totals() const {
+  absl::MutexLock lock(&mu_);
+  StoreTotals t;
+  t.sessions = static_cast<int>(sessions_.size());
+  t.reserved = static_cast<int>(reservations_.size());
+  t.hot_bytes = hot_bytes_;
+  t.cold_memory_bytes = cold_memory_bytes_;
+  for (const auto& [id, e] : sessions_) {
+    t.cold_bytes += e.meta.cold_bytes;
+    t.full_bytes += e.meta.full_bytes;
+  }
+  return t;
+}
+
+}  // namespace echokv::server

@@ -1,0 +1,382 @@
+// The engine over an in-process model (Engine::CreateWithModel, a fake clock): batched
+// decode of many streams equals each stream run alone, for every policy; limits with
+// real numbers; TTL without sleeping; cancellation; a reader that never reads; health.
+// Models: deterministic tiny random checkpoints (echokv-make-test-model's library).
+#include "server/engine.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "compression/config.h"
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/test_data.h"
+#include "tools/make_test_model.h"
+
+namespace echokv::server {
+namespace {
+
+using ::echokv::testing::IsOk;
+using ::echokv::testing::StatusIs;
+
+struct Loaded {
+  std::shared_ptr<const model::Transformer> model;
+  std::shared_ptr<const model::Tokenizer> tokenizer;
+  std::string dir;
+};
+
+// One tiny random model per architecture, made once per test binary.
+const Loaded& TinyModel(const std::string& arch) {
+  static auto* cache = new std::map<std::string, Loaded>();
+  auto it = cache->find(arch);
+  if (it != cache->end()) return it->second;
+  Loaded l;
+  l.dir = echokv::testing::MakeTempDir("engine-test-" + arch);
+  tools::TestModelOptions o;
+  o.arch = arch;
+  o.out_dir = l.dir;
+  o.max_pos = 512;
+  EXPECT_THAT(tools::MakeTestModel(o), IsOk());
+  model::DeviceOptions dev;
+  dev.num_threads = 1;
+  absl::StatusOr<std::unique_ptr<model::Transformer>> m = model::Transformer::Load(l.dir, dev);
+  EXPECT_THAT(m.status(), IsOk());
+  absl::StatusOr<std::unique_ptr<model::Tokenizer>> t = model::LoadTokenizer(l.dir);
+  EXPECT_THAT(t.status(), IsOk());
+  l.model = std::move(*m);
+  l.tokenizer = std::move(*t);
+  return cache->emplace(arch, std::move(l)).first->second;
+}
+
+std::vector<int> Prompt(int length, int salt) {
+  std::vector<int> ids;
+  for (int i = 0; i < length; ++i) ids.push_back(3 + (i * 7 + salt * 13) % 300);
+  return ids;
+}
+
+class Harness {
+ public:
+  explicit Harness(const EngineConfig& config, const std::string& arch = "llama") {
+    const Loaded& m = TinyModel(arch);
+    EngineConfig c = config;
+    c.model_dir = m.dir;
+    absl::StatusOr<std::unique_ptr<Engine>> e =
+        Engine::CreateWithModel(c, m.model, m.tokenizer, std::nullopt, nullptr, &clock_);
+    EXPECT_THAT(e.status(), IsOk());
+    engine_ = std::move(*e);
+  }
+  Engine& engine() { return *engine_; }
+  FakeClock& clock() { return clock_; }
+
+  absl::StatusOr<SessionInfo> Create(std::vector<int> tokens, compression::CompressionConfig cfg,
+                                     std::optional<MemoryMode> memory = std::nullopt, const std::string& tenant = "") {
+    CreateRequest r;
+    r.caller.tenant = tenant;
+    r.input.kind = InputSpec::Kind::kTokens;
+    r.input.tokens = std::move(tokens);
+    r.config = cfg;
+    r.memory = memory;
+    std::promise<absl::StatusOr<SessionInfo>> p;
+    engine_->CreateSession(std::move(r), nullptr, nullptr, [&](absl::StatusOr<SessionInfo> s) { p.set_value(s); });
+    return p.get_future().get();
+  }
+
+  absl::StatusOr<SessionInfo> Append(const std::string& id, std::vector<int> tokens) {
+    AppendRequest r;
+    r.session_id = id;
+    r.input.kind = InputSpec::Kind::kTokens;
+    r.input.tokens = std::move(tokens);
+    std::promise<absl::StatusOr<SessionInfo>> p;
+    engine_->AppendToSession(std::move(r), nullptr, nullptr, [&](absl::StatusOr<SessionInfo> s) { p.set_value(s); });
+    return p.get_future().get();
+  }
+
+  struct Gen {
+    absl::Status status;
+    std::vector<int> ids;
+    GenerateSummary summary;
+  };
+  // Starts a generation; the returned future resolves when it ends.
+  std::shared_future<Gen> StartGenerate(GenerateParams p, CancelFlag cancel = nullptr,
+                                        std::function<int()> backlog = nullptr) {
+    auto out = std::make_shared<Gen>();
+    auto promise = std::make_shared<std::promise<Gen>>();
+    StreamSink sink;
+    sink.on_delta = [out](GenerateDelta d) { out->ids.insert(out->ids.end(), d.ids.begin(), d.ids.end()); };
+    sink.backlog = std::move(backlog);
+    engine_->Generate(std::move(p), std::move(cancel), std::move(sink),
+                      [out, promise](absl::StatusOr<GenerateSummary> s) {
+                        out->status = s.status();
+                        if (s.ok()) out->summary = *s;
+                        promise->set_value(*out);
+                      });
+    return promise->get_future().share();
+  }
+
+ private:
+  FakeClock clock_;
+  std::unique_ptr<Engine> engine_;
+};
+
+compression::CompressionConfig Policy(compression::PolicyKind kind, int budget = 24) {
+  compression::CompressionConfig c;
+  c.policy = kind;
+  c.budget = budget;
+  c.lookahead = 4;
+  if (kind == compression::PolicyKind::kEchoKv) c.workspace = 40;
+  c.snapkv_window = 8;
+  return c;
+}
+
+GenerateParams Params(const std::string& id, int max_tokens, uint64_t seed, bool sample) {
+  GenerateParams p;
+  p.session_id = id;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  if (sample) {
+    p.sampling.temperature = 0.9f;
+    p.sampling.top_p = 0.95f;
+    p.sampling.seed = seed;
+  }
+  return p;
+}
+
+// ---- batched == sequential ----
+
+class BatchedDecodeTest : public ::testing::TestWithParam<compression::PolicyKind> {};
+
+TEST_P(BatchedDecodeTest, ConcurrentStreamsEqualEachStreamAlone) {
+  Harness h(EngineConfig{});
+  // 16 sessions with different prompt lengths (so different positions and ragged
+  // compact caches), greedy and seeded sampling alternating.
+  std::vector<std::string> ids;
+  for (int i = 0; i < 16; ++i) {
+    absl::StatusOr<SessionInfo> s = h.Create(Prompt(30 + 7 * i, i), Policy(GetParam()));
+    ASSERT_THAT(s.status(), IsOk());
+    ids.push_back(s->id);
+  }
+  std::vector<std::vector<int>> alone;
+  for (int i = 0; i < 16; ++i) {
+    Harness::Gen g = h.StartGenerate(Params(ids[i], 12, 100 + i, i % 2 == 1)).get();
+    ASSERT_THAT(g.status, IsOk());
+    ASSERT_EQ(g.ids.size(), 12u);
+    alone.push_back(g.ids);
+  }
+  for (int n : {1, 4, 16}) {
+    std::vector<std::shared_future<Harness::Gen>> running;
+    for (int i = 0; i < n; ++i) running.push_back(h.StartGenerate(Params(ids[i], 12, 100 + i, i % 2 == 1)));
+    for (int i = 0; i < n; ++i) {
+      const Harness::Gen& g = running[i].get();
+      ASSERT_THAT(g.status, IsOk());
+      EXPECT_EQ(g.ids, alone[i]) << "stream " << i << " of " << n;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, BatchedDecodeTest, ::testing::ValuesIn(compression::AllPolicies()),
+                         [](const auto& info) { return std::string(compression::PolicyName(info.param)); });
+
+// ---- limits with real numbers ----
+
+TEST(EngineLimitsTest, MaxKvBytesAdmitsExactlyNSessionsAndAppendsReuseTheirOwnBytes) {
+  const Loaded& m = TinyModel("llama");
+  const int64_t per_token = m.model->NewCache().FullEquivalentKvBytes(1);
+  const int budget = 16;
+  EngineConfig c;
+  c.limits.max_kv_bytes = 3 * budget * per_token;  // three compressed sessions, exactly
+  Harness h(c);
+  const auto cfg = Policy(compression::PolicyKind::kStreamingLlm, budget);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<SessionInfo> s = h.Create(Prompt(40, i), cfg);
+    ASSERT_THAT(s.status(), IsOk());
+    EXPECT_EQ(s->retained_kv_bytes, budget * per_token);
+    ids.push_back(s->id);
+  }
+  EXPECT_THAT(h.Create(Prompt(40, 9), cfg).status(), StatusIs(absl::StatusCode::kResourceExhausted, "max_kv_bytes"));
+  // The store is full; an append re-compresses to the same size, which fits only if the
+  // session's old bytes are counted as freed.
+  absl::StatusOr<SessionInfo> a = h.Append(ids[1], Prompt(10, 5));
+  ASSERT_THAT(a.status(), IsOk());
+  EXPECT_EQ(a->retained_kv_bytes, budget * per_token);
+  EXPECT_EQ(a->tokens_seen, 50);
+  EXPECT_EQ(h.engine().Totals().hot_bytes, 3 * budget * per_token);
+}
+
+TEST(EngineLimitsTest, MaxSessionsIsExact) {
+  EngineConfig c;
+  c.limits.max_sessions = 2;
+  Harness h(c);
+  const auto cfg = Policy(compression::PolicyKind::kSnapKv);
+  ASSERT_THAT(h.Create(Prompt(20, 1), cfg).status(), IsOk());
+  ASSERT_THAT(h.Create(Prompt(20, 2), cfg).status(), IsOk());
+  EXPECT_THAT(h.Create(Prompt(20, 3), cfg).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, "max_sessions (2)"));
+}
+
+TEST(EngineLimitsTest, PositionsAllowOneMoreSampleThanTheContextWithoutCommit) {
+  EngineConfig c;
+  c.limits.max_context_tokens = 64;
+  Harness h(c);
+  absl::StatusOr<SessionInfo> s = h.Create(Prompt(50, 1), Policy(compression::PolicyKind::kFull));
+  ASSERT_THAT(s.status(), IsOk());
+  // 50 + 15 = 65 = context + 1: the 15th token is sampled, never fed back.
+  Harness::Gen ok = h.StartGenerate(Params(s->id, 15, 0, false)).get();
+  ASSERT_THAT(ok.status, IsOk());
+  EXPECT_EQ(ok.ids.size(), 15u);
+  EXPECT_THAT(h.StartGenerate(Params(s->id, 16, 0, false)).get().status,
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_context_tokens"));
+  // A commit feeds every token back: 50 + 14 = 64 fits, 50 + 15 does not.
+  GenerateParams commit = Params(s->id, 15, 0, false);
+  commit.commit = true;
+  EXPECT_THAT(h.StartGenerate(commit).get().status, StatusIs(absl::StatusCode::kInvalidArgument, "max_context_tokens"));
+  commit.max_tokens = 14;
+  Harness::Gen committed = h.StartGenerate(commit).get();
+  ASSERT_THAT(committed.status, IsOk());
+  ASSERT_TRUE(committed.summary.session.has_value());
+  EXPECT_EQ(committed.summary.session->tokens_seen, 64);
+}
+
+// ---- TTL with a fake clock ----
+
+TEST(EngineTtlTest, IdleSessionsExpireUsedOnesStay) {
+  EngineConfig c;
+  c.limits.session_ttl = absl::Minutes(5);
+  Harness h(c);
+  const auto cfg = Policy(compression::PolicyKind::kSnapKv);
+  absl::StatusOr<SessionInfo> a = h.Create(Prompt(20, 1), cfg);
+  absl::StatusOr<SessionInfo> b = h.Create(Prompt(20, 2), cfg);
+  ASSERT_THAT(a.status(), IsOk());
+  ASSERT_THAT(b.status(), IsOk());
+  h.clock().Advance(absl::Minutes(4));
+  std::promise<absl::StatusOr<SessionInfo>> touched;
+  h.engine().GetSession(Caller{}, a->id, [&](absl::StatusOr<SessionInfo> s) { touched.set_value(s); });
+  ASSERT_THAT(touched.get_future().get().status(), IsOk());
+  h.clock().Advance(absl::Minutes(2));  // b idle 6 min, a 2 min
+  std::promise<absl::StatusOr<SessionInfo>> gone;
+  h.engine().GetSession(Caller{}, b->id, [&](absl::StatusOr<SessionInfo> s) { gone.set_value(s); });
+  EXPECT_THAT(gone.get_future().get().status(), StatusIs(absl::StatusCode::kNotFound, "not found"));
+  EXPECT_THAT(h.StartGenerate(Params(a->id, 2, 0, false)).get().status, IsOk());
+}
+
+// ---- cancellation, slow readers ----
+
+TEST(EngineStreamTest, CancelledCommitLeavesTheSessionUnchanged) {
+  Harness h(EngineConfig{});
+  absl::StatusOr<SessionInfo> s = h.Create(Prompt(40, 1), Policy(compression::PolicyKind::kEchoKv));
+  ASSERT_THAT(s.status(), IsOk());
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  GenerateParams p = Params(s->id, 400, 0, false);
+  p.commit = true;
+  std::atomic<int> seen{0};
+  // Cancel from inside the stream once a few tokens arrived.
+  auto out = std::make_shared<std::promise<absl::Status>>();
+  StreamSink sink;
+  sink.on_delta = [&, cancel](GenerateDelta d) {
+    if ((seen += static_cast<int>(d.ids.size())) >= 5) cancel->store(true);
+  };
+  h.engine().Generate(p, cancel, sink, [out](absl::StatusOr<GenerateSummary> r) { out->set_value(r.status()); });
+  EXPECT_THAT(out->get_future().get(), StatusIs(absl::StatusCode::kCancelled, ""));
+  std::promise<absl::StatusOr<SessionInfo>> after;
+  h.engine().GetSession(Caller{}, s->id, [&](absl::StatusOr<SessionInfo> r) { after.set_value(r); });
+  absl::StatusOr<SessionInfo> a = after.get_future().get();
+  ASSERT_THAT(a.status(), IsOk());
+  EXPECT_EQ(a->tokens_seen, 40);
+  EXPECT_FALSE(a->busy);
+}
+
+TEST(EngineStreamTest, AReaderThatNeverReadsIsSkippedAndOthersFinish) {
+  EngineConfig c;
+  c.limits.max_stream_backlog = 4;
+  Harness h(c);
+  absl::StatusOr<SessionInfo> s = h.Create(Prompt(40, 1), Policy(compression::PolicyKind::kSnapKv));
+  ASSERT_THAT(s.status(), IsOk());
+  // The stuck reader's backlog grows with every delta it is sent and never shrinks.
+  auto backlog = std::make_shared<std::atomic<int>>(0);
+  auto stuck_ids = std::make_shared<std::atomic<int>>(0);
+  StreamSink sink;
+  sink.on_delta = [backlog, stuck_ids](GenerateDelta d) {
+    ++*backlog;
+    *stuck_ids += static_cast<int>(d.ids.size());
+  };
+  sink.backlog = [backlog] { return backlog->load(); };
+  auto stuck_done = std::make_shared<std::promise<absl::Status>>();
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  h.engine().Generate(Params(s->id, 300, 0, false), cancel, sink,
+                      [stuck_done](absl::StatusOr<GenerateSummary> r) { stuck_done->set_value(r.status()); });
+  // Another stream on the same session runs to completion meanwhile.
+  Harness::Gen other = h.StartGenerate(Params(s->id, 60, 0, false)).get();
+  ASSERT_THAT(other.status, IsOk());
+  EXPECT_EQ(other.ids.size(), 60u);
+  // The stuck stream got at most max_stream_backlog messages, then nothing more.
+  EXPECT_LE(backlog->load(), 4);
+  EXPECT_LE(stuck_ids->load(), 4);
+  // The reader catches up: the stream resumes and finishes.
+  backlog->store(0);
+  h.engine().Wake();
+  std::atomic<bool> stop_draining{false};
+  std::thread drain([&] {
+    while (!stop_draining) {
+      backlog->store(0);
+      h.engine().Wake();
+      std::this_thread::yield();
+    }
+  });
+  absl::Status st = stuck_done->get_future().get();
+  stop_draining = true;
+  drain.join();
+  EXPECT_THAT(st, IsOk());
+  EXPECT_EQ(stuck_ids->load(), 300);
+}
+
+// ---- health ----
+
+TEST(EngineHealthTest, StuckEngineIsNotServingAndRecovers) {
+  EngineConfig c;
+  c.stuck_after = absl::Seconds(10);
+  Harness h(c);
+  EXPECT_TRUE(h.engine().Health().serving);
+  // A progress callback that blocks holds the engine thread inside a step.
+  absl::Notification entered, release;
+  CreateRequest r;
+  r.input.kind = InputSpec::Kind::kTokens;
+  r.input.tokens = Prompt(40, 1);
+  r.config = Policy(compression::PolicyKind::kSnapKv);
+  std::promise<absl::StatusOr<SessionInfo>> done;
+  std::atomic<bool> blocked_once{false};
+  h.engine().CreateSession(
+      std::move(r), nullptr,
+      [&](const ProgressEvent& e) {
+        if (e.phase == "prefill" && !blocked_once.exchange(true)) {
+          entered.Notify();
+          release.WaitForNotification();
+        }
+      },
+      [&](absl::StatusOr<SessionInfo> s) { done.set_value(s); });
+  entered.WaitForNotification();
+  // Work waits behind the blocked step.
+  h.StartGenerate(Params(std::string(32, 'a'), 1, 0, false));
+  h.clock().Advance(absl::Seconds(11));
+  EngineHealth stuck = h.engine().Health();
+  EXPECT_FALSE(stuck.serving);
+  EXPECT_GT(stuck.queued, 0);
+  EXPECT_GE(stuck.seconds_since_step, 11.0);
+  release.Notify();
+  ASSERT_THAT(done.get_future().get().status(), IsOk());
+  // One more full round trip: the loop has completed steps after the clock moved.
+  ASSERT_THAT(h.Create(Prompt(10, 2), Policy(compression::PolicyKind::kSnapKv)).status(), IsOk());
+  EXPECT_TRUE(h.engine().Health().serving);
+}
+
+}  // namespace
+}  // namespace echokv::server
