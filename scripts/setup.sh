@@ -13,7 +13,7 @@ PACKAGES=(
   libabsl-dev prometheus-cpp-dev libsentencepiece-dev nlohmann-json3-dev
   libutf8proc-dev libpcre2-dev libgoogle-glog-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus python3 python3-grpcio python3-protobuf gnuplot-nox
+  prometheus python3 python3-grpcio python3-protobuf python3-xxhash gnuplot-nox
 )
 
 if [[ -z "${ECHOKV_SKIP_APT:-}" ]]; then

@@ -20,7 +20,7 @@ namespace echokv::state {
 enum class WriteOp {
   kTurn,           // WriteTurn (segment + manifest)
   kUpdate,         // UpdateSession (manifest only)
-  kImport,         // a snapshot import, commit included
+  kImport,         // a snapshot import: reported by Finish (bytes = the stream's length)
   kDelete,         // DeleteSession
 };
 

@@ -202,23 +202,26 @@ absl::Status StateStore::Open() {
   }
 
   const std::string format_path = Join(dir, kFormatFile);
-  auto format = ReadWholeFile(format_path, 4096, ErrorKind::kBadManifest);
-  if (format.ok()) {
-    nlohmann::json j = nlohmann::json::parse(*format, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("format") ||
+  struct stat format_stat;
+  int format_rc = ops_->Stat(format_path, -1, &format_stat);
+  if (format_rc == 0) {
+    auto format = ReadWholeFile(format_path, 4096, ErrorKind::kBadManifest);
+    nlohmann::json j;
+    if (format.ok()) j = nlohmann::json::parse(*format, nullptr, /*allow_exceptions=*/false);
+    if (!format.ok() || j.is_discarded() || !j.is_object() || !j.contains("format") ||
         j["format"] != std::string(kFormatName) || !j.contains("version") ||
         !j["version"].is_number_integer()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(format_path, " is not an echokv state FORMAT file"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          format_path, " is not an echokv state FORMAT file",
+          format.ok() ? "" : absl::StrCat(" (", format.status().message(), ")")));
     }
     if (j["version"].get<int64_t>() != kLayoutVersion) {
       return absl::FailedPreconditionError(
           absl::StrCat(format_path, ": layout version ", j["version"].get<int64_t>(),
                        " is not supported (this build reads version ", kLayoutVersion, ")"));
     }
-  } else if (ErrorKindOf(format.status()) == ErrorKind::kBadManifest &&
-             absl::IsDataLoss(format.status())) {
-    // Missing: a new directory.
+  } else if (-format_rc == ENOENT) {
+    // A new directory.
     const std::string tmp = format_path + ".tmp";
     std::string text = FormatFileText();
     absl::string_view parts[] = {text};
@@ -230,7 +233,7 @@ absl::Status StateStore::Open() {
     }
     ECHOKV_RETURN_IF_ERROR(MaybeFsyncDir(dir));
   } else {
-    return format.status();
+    return ErrnoToStatus(-format_rc, "stat", format_path);
   }
 
   const std::string sessions = SessionsDir();

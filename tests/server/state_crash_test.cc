@@ -29,7 +29,7 @@ namespace {
 using namespace ::echokv::state::testing;  // NOLINT: test helpers
 
 constexpr int kSessions = 4;
-constexpr int kKills = 60;
+constexpr int kKills = 150;
 
 enum Op : uint32_t { kCreate = 0, kAppend = 1, kSupersede = 2, kDelete = 3 };
 
@@ -77,12 +77,12 @@ void Send(int fd, const Record& r) {
   std::mt19937_64 rng(seed * 7919 + 1);
   for (;;) {
     uint32_t s = static_cast<uint32_t>(rng() % kSessions);
-    int64_t n = 1 + static_cast<int64_t>(rng() % 16);
+    int64_t n = 1 + static_cast<int64_t>(rng() % 64);
     uint32_t op;
     auto it = live.find(s);
     if (it == live.end()) {
       op = kCreate;
-    } else if (it->second.tokens.size() > 300 || rng() % 20 == 0) {
+    } else if (it->second.tokens.size() > 2000 || rng() % 20 == 0) {
       op = kDelete;
     } else {
       op = rng() % 5 == 0 ? kSupersede : kAppend;

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -305,6 +306,41 @@ TEST(StateStoreTest, SegmentLimitAsksForCompaction) {
   EXPECT_OK(store->WriteTurn(g.meta, MakeTurn(1, 2, 1, /*supersedes=*/true).segment));
 }
 
+TEST(StateStoreTest, SessionsWriteInParallel) {
+  TempDir dir(/*in_memory=*/true);
+  StoreOptions options = TestOptions(dir.path(), FsyncPolicy::kAlways);
+  ASSERT_OK_AND_ASSIGN(auto store, StateStore::Create(options));
+  constexpr int kThreads = 4, kTurns = 25;
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      SessionMeta meta = MakeMeta(TestId(70 + t), 0, t);
+      for (int i = 0; i < kTurns && results[t].ok(); ++i) {
+        int64_t begin = static_cast<int64_t>(meta.tokens.size());
+        ExtendMeta(&meta, 3, t);
+        TurnData turn = MakeTurn(t, begin, 3, /*supersedes=*/i % 10 == 9);
+        results[t] = store->WriteTurn(meta, turn.segment);
+        // Readers of the same and other sessions run meanwhile.
+        if (results[t].ok()) results[t] = store->OpenSession(TestId(70 + (t + i) % kThreads)).status();
+        if (absl::IsNotFound(results[t])) results[t] = absl::OkStatus();  // not created yet
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const absl::Status& s : results) EXPECT_OK(s);
+  store.reset();
+  ASSERT_OK_AND_ASSIGN(store, StateStore::Create(options));
+  RecoveryResult r = store->OpenAll();
+  EXPECT_TRUE(r.errors.empty());
+  ASSERT_EQ(r.sessions.size(), static_cast<size_t>(kThreads));
+  for (const SessionManifest& m : r.sessions) {
+    EXPECT_EQ(m.meta.tokens.size(), 3u * kTurns);
+    EXPECT_EQ(m.segments.size(), 6u);  // turn 19 superseded, turns 20..24 appended
+    ASSERT_OK_AND_ASSIGN(auto reader, store->OpenSession(m.meta.id));
+  }
+}
+
 // ---------------- the directory ----------------
 
 TEST(StateStoreTest, OneStorePerDirectory) {
@@ -325,6 +361,9 @@ TEST(StateStoreTest, RefusesUnknownLayoutAndUnusableDirectories) {
   EXPECT_THAT(StateStore::Create(options), StatusIs(absl::StatusCode::kFailedPrecondition, "layout version 7"));
   WriteFileOrDie(options.dir + "/FORMAT", "hello");
   EXPECT_THAT(StateStore::Create(options), StatusIs(absl::StatusCode::kFailedPrecondition, "FORMAT"));
+  WriteFileOrDie(options.dir + "/FORMAT", std::string(5000, ' '));  // too big to be ours
+  EXPECT_THAT(StateStore::Create(options), StatusIs(absl::StatusCode::kFailedPrecondition, "over the limit"));
+  EXPECT_EQ(ReadFileOrDie(options.dir + "/FORMAT"), std::string(5000, ' '));  // never overwritten
 
   // A path below a regular file: every error names the directory and the cause.
   WriteFileOrDie(dir.path() + "/file", "x");
