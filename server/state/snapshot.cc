@@ -4,6 +4,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -224,7 +225,7 @@ absl::Status SnapshotImporter::Feed(absl::string_view chunk) {
   received_ += chunk.size();
   const uint64_t limit = store_->options_.limits.max_snapshot_bytes;
   if (received_ > limit) {
-    return Fail(absl::InvalidArgumentError(
+    return Fail(absl::ResourceExhaustedError(
         absl::StrCat("snapshot: more than the limit of ", limit, " bytes")));
   }
   while (!chunk.empty()) {
@@ -266,14 +267,21 @@ absl::Status SnapshotImporter::OnPart() {
   switch (stage_) {
     case Stage::kHeader: {
       ECHOKV_ASSIGN_OR_RETURN(header_, internal::DecodeSnapshotHeader(part, model));
-      if (header_.manifest_bytes < internal::kManifestFixedBytes ||
-          header_.manifest_bytes > MaxManifestBytes(limits)) {
-        return absl::InvalidArgumentError(absl::StrCat("snapshot: a manifest of ", header_.manifest_bytes,
-                                                       " bytes is outside the limits"));
+      // Sizes past the limits: RESOURCE_EXHAUSTED (a session too big for this server);
+      // impossible ones: INVALID_ARGUMENT. Either way before anything is allocated.
+      if (header_.manifest_bytes < internal::kManifestFixedBytes || header_.segment_count == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("snapshot: header declares a manifest of ",
+                                                       header_.manifest_bytes, " bytes and ",
+                                                       header_.segment_count, " segments"));
       }
-      if (header_.segment_count == 0 || header_.segment_count > limits.max_segments) {
-        return absl::InvalidArgumentError(absl::StrCat("snapshot: ", header_.segment_count,
-                                                       " segments is outside 1..", limits.max_segments));
+      if (header_.manifest_bytes > MaxManifestBytes(limits)) {
+        return absl::ResourceExhaustedError(absl::StrCat("snapshot: a manifest of ", header_.manifest_bytes,
+                                                         " bytes is over the limit of ",
+                                                         MaxManifestBytes(limits)));
+      }
+      if (header_.segment_count > limits.max_segments) {
+        return absl::ResourceExhaustedError(absl::StrCat("snapshot: ", header_.segment_count,
+                                                         " segments is over the limit of ", limits.max_segments));
       }
       stage_ = Stage::kManifest;
       need_ = header_.manifest_bytes;
@@ -302,8 +310,8 @@ absl::Status SnapshotImporter::OnPart() {
         total += s.file_bytes;
       }
       if (total > limits.max_snapshot_bytes) {
-        return absl::InvalidArgumentError(absl::StrCat("snapshot: ", total, " bytes is over the limit of ",
-                                                       limits.max_snapshot_bytes));
+        return absl::ResourceExhaustedError(absl::StrCat("snapshot: ", total, " bytes is over the limit of ",
+                                                         limits.max_snapshot_bytes));
       }
       expected_total_ = total;
       // Everything from here on goes into a staging directory that only Finish renames
@@ -413,7 +421,8 @@ absl::Status SnapshotImporter::FinishSegment() {
   return StartSegment();
 }
 
-absl::StatusOr<SessionManifest> SnapshotImporter::Finish(absl::string_view id) {
+absl::StatusOr<SessionManifest> SnapshotImporter::Finish(
+    absl::string_view id, const std::function<absl::Status(SessionMeta&)>& edit) {
   if (!status_.ok()) return status_;
   if (committed_) return absl::FailedPreconditionError("snapshot: Finish called twice");
   absl::Time start = absl::Now();
@@ -428,6 +437,16 @@ absl::StatusOr<SessionManifest> SnapshotImporter::Finish(absl::string_view id) {
     return Fail(absl::AlreadyExistsError(absl::StrCat("session ", target, " already exists")));
   }
   manifest_.meta.id = target;
+  if (edit) {
+    const size_t tokens = manifest_.meta.tokens.size();
+    if (absl::Status s = edit(manifest_.meta); !s.ok()) return Fail(s);
+    if (manifest_.meta.id != target || manifest_.meta.tokens.size() != tokens) {
+      return Fail(absl::InvalidArgumentError("snapshot: the edit may not change the id or the token history"));
+    }
+    if (absl::Status s = manifest_.meta.Validate(); !s.ok()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("snapshot: edited meta: ", s.message())));
+    }
+  }
   uint64_t bytes = 0;
   absl::Status status;
   {

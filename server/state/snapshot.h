@@ -17,11 +17,12 @@
 //   ECHOKV_ASSIGN_OR_RETURN(state::SessionManifest m, importer->Finish(/*id=*/""));
 //
 // Import errors (nothing is created on any of them):
-//   not a snapshot (bad magic), a truncated stream, bytes after the end, a stream over
-//   StateLimits::max_snapshot_bytes, a bad target id            -> INVALID_ARGUMENT
+//   not a snapshot (bad magic), a truncated stream, bytes after the end, impossible
+//   header fields, a bad target id                               -> INVALID_ARGUMENT
 //   another model's fingerprint, an unknown format version      -> FAILED_PRECONDITION
 //   a checksum mismatch anywhere, parts that disagree            -> DATA_LOSS
 //   the target id exists                                         -> ALREADY_EXISTS
+//   over StateLimits (snapshot bytes, manifest size, segments)   -> RESOURCE_EXHAUSTED
 //   disk full / I/O error while writing                          -> RESOURCE_EXHAUSTED / INTERNAL
 // Truncation is INVALID_ARGUMENT, not DATA_LOSS: every byte that arrived was checked and
 // is intact, the client simply sent too few (an interrupted upload; resending the whole
@@ -30,6 +31,7 @@
 #define ECHOKV_SERVER_STATE_SNAPSHOT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -100,10 +102,20 @@ class SnapshotImporter {
   // Consumes the next bytes of the stream (chunks of any size, including empty). The
   // first error is sticky: later calls return it.
   absl::Status Feed(absl::string_view chunk);
+  // The snapshot's manifest once its part of the stream has been parsed and checked
+  // (blob tables fill in as segments arrive), else nullptr: lets the caller apply its
+  // admission limits (sessions, cold bytes = TotalSegmentBytes()) early and drop the
+  // importer to refuse.
+  const SessionManifest* manifest() const {
+    return stage_ > Stage::kManifest ? &manifest_ : nullptr;
+  }
   // After the last chunk: checks that the stream was complete and commits the session
-  // atomically as `id` (empty: the snapshot's own id). Returns its manifest (blob tables
-  // filled); the store then knows the session (payloads already verified).
-  absl::StatusOr<SessionManifest> Finish(absl::string_view id = "");
+  // atomically as `id` (empty: the snapshot's own id). `edit`, when given, may change the
+  // meta first (ttl, last_used, tenant, ...; not the id or the token history) or refuse
+  // with a status that Finish returns (nothing is created). Returns the committed
+  // manifest (blob tables filled); the store then knows the session (payloads verified).
+  absl::StatusOr<SessionManifest> Finish(
+      absl::string_view id = "", const std::function<absl::Status(SessionMeta&)>& edit = nullptr);
   uint64_t bytes_received() const { return received_; }
 
  private:

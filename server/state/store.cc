@@ -649,6 +649,17 @@ absl::Status StateStore::CommitStaging(const std::string& staging, absl::string_
   return absl::OkStatus();
 }
 
+absl::Status StateStore::CheckManifestSize(absl::string_view bytes, absl::string_view id) const {
+  const uint64_t json = internal::GetU64(bytes.data() + 32);
+  if (json > options_.limits.max_manifest_json_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("session ", id, ": manifest JSON of ", json,
+                                                   " bytes is over the limit of ",
+                                                   options_.limits.max_manifest_json_bytes,
+                                                   " (compression config too large?)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StateStore::WriteTurn(const SessionMeta& meta, const NewSegment& segment) {
   absl::Time start = absl::Now();
   uint64_t bytes = 0;
@@ -748,6 +759,12 @@ absl::Status StateStore::DoWriteTurn(const SessionMeta& meta, const NewSegment& 
   fixed.payload_xxh3 = payload_hash.Digest();
   ECHOKV_ASSIGN_OR_RETURN(std::string header, internal::EncodeSegmentHeader(segment.blobs, &fixed, &layout));
   parts[0] = header;
+  // Never write what recovery would refuse.
+  if (fixed.table_bytes > options_.limits.max_blob_table_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("session ", id, ": segment blob table of ", fixed.table_bytes,
+                                                   " bytes is over the limit of ",
+                                                   options_.limits.max_blob_table_bytes));
+  }
 
   SegmentInfo info;
   info.seq = fixed.seq;
@@ -771,6 +788,7 @@ absl::Status StateStore::DoWriteTurn(const SessionMeta& meta, const NewSegment& 
   }
   auto manifest_bytes = internal::EncodeManifest(manifest);
   if (!manifest_bytes.ok()) return manifest_bytes.status();
+  ECHOKV_RETURN_IF_ERROR(CheckManifestSize(*manifest_bytes, id));
 
   const std::string dir = is_new ? Join(SessionsDir(), FreshName(kStagingPrefix, id)) : SessionDir(id);
   if (is_new) {
@@ -839,6 +857,7 @@ absl::Status StateStore::DoUpdate(const SessionMeta& meta, uint64_t* bytes) {
   manifest.model = options_.model;
   manifest.segments = slot->segments;
   ECHOKV_ASSIGN_OR_RETURN(std::string manifest_bytes, internal::EncodeManifest(manifest));
+  ECHOKV_RETURN_IF_ERROR(CheckManifestSize(manifest_bytes, meta.id));
   return ReplaceManifest(SessionDir(meta.id), manifest_bytes, bytes);
 }
 

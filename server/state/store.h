@@ -4,7 +4,8 @@
 // (types.h). Layout, byte formats and recovery rules: docs/ARCHITECTURE.md ("Durable
 // session state").
 //
-//   state::StoreOptions options{.dir = "/var/lib/echokv", .model = fingerprint};
+//   state::StoreOptions options;
+//   options.dir = "/var/lib/echokv";  options.model = fingerprint;  // fingerprint.h
 //   ECHOKV_ASSIGN_OR_RETURN(auto store, state::StateStore::Create(options));
 //   state::RecoveryResult found = store->OpenAll();      // at start: manifests, errors
 //   ECHOKV_RETURN_IF_ERROR(store->WriteTurn(meta, segment));   // acknowledged when OK
@@ -70,8 +71,9 @@ struct RecoveryResult {
 };
 
 // Read access to one session's segments, payload checksums verified. Holds the segment
-// files open, so it keeps reading the same bytes even after a later superseding turn
-// removed them. Thread-safe (pread); must not outlive its store.
+// files open (one descriptor per segment: write a superseding segment now and then so a
+// session does not collect thousands), so it keeps reading the same bytes even after a
+// later superseding turn removed them. Thread-safe (pread); must not outlive its store.
 class SessionReader {
  public:
   ~SessionReader();
@@ -217,6 +219,8 @@ class StateStore {
   // rolled back when the directory fsync fails).
   absl::Status ReplaceManifest(const std::string& dir, absl::string_view bytes,
                                uint64_t* bytes_written);
+  // INVALID_ARGUMENT when recovery would refuse the manifest `bytes` for its size.
+  absl::Status CheckManifestSize(absl::string_view bytes, absl::string_view id) const;
   // Commits a staging directory holding a complete session as sessions/<id>.
   absl::Status CommitStaging(const std::string& staging, absl::string_view id);
 

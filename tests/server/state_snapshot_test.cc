@@ -157,6 +157,41 @@ TEST_F(SnapshotTest, RoundTripsInAnyChunking) {
   EXPECT_OK(dst_->WriteTurn(next, MakeTurn(3, begin, 2).segment));
 }
 
+TEST_F(SnapshotTest, TheCallerSeesTheManifestEarlyAndMayEditOrRefuse) {
+  const std::string stream = Export(src_.get(), id_, 1 << 20);
+  const size_t manifest_end = 64 + internal::GetU64(stream.data() + 32);
+  auto importer = dst_->BeginImport();
+  ASSERT_OK(importer->Feed(absl::string_view(stream).substr(0, manifest_end - 1)));
+  EXPECT_EQ(importer->manifest(), nullptr);
+  ASSERT_OK(importer->Feed(absl::string_view(stream).substr(manifest_end - 1, 1)));
+  ASSERT_NE(importer->manifest(), nullptr);
+  EXPECT_EQ(importer->manifest()->meta.tokens, meta_.tokens);
+  EXPECT_GT(importer->manifest()->TotalSegmentBytes(), 0u);
+  ASSERT_OK(importer->Feed(absl::string_view(stream).substr(manifest_end)));
+  ASSERT_OK_AND_ASSIGN(SessionManifest m, importer->Finish(TestId(61), [](SessionMeta& meta) {
+                         meta.ttl = absl::Seconds(42);
+                         return absl::OkStatus();
+                       }));
+  EXPECT_EQ(m.meta.ttl, absl::Seconds(42));
+  ASSERT_OK_AND_ASSIGN(auto reader, dst_->OpenSession(TestId(61)));
+  EXPECT_EQ(reader->manifest().meta.ttl, absl::Seconds(42));
+
+  known_ = dst_->SessionIds();
+  auto refuse = [](SessionMeta&) { return absl::ResourceExhaustedError("max_sessions"); };
+  auto before = TreeOf(dst_options_.dir);
+  auto second = dst_->BeginImport();
+  ASSERT_OK(second->Feed(stream));
+  EXPECT_THAT(second->Finish(TestId(62), refuse), StatusIs(absl::StatusCode::kResourceExhausted, "max_sessions"));
+  auto third = dst_->BeginImport();
+  ASSERT_OK(third->Feed(stream));
+  EXPECT_THAT(third->Finish(TestId(63), [](SessionMeta& meta) {
+                meta.tokens.pop_back();
+                return absl::OkStatus();
+              }),
+              StatusIs(absl::StatusCode::kInvalidArgument, "token history"));
+  EXPECT_EQ(TreeOf(dst_options_.dir), before);
+}
+
 TEST_F(SnapshotTest, TheStreamIsTheFilesInOrder) {
   const std::string stream = Export(src_.get(), id_, 1 << 20);
   const std::string dir = src_options_.dir + "/sessions/" + id_;
@@ -288,12 +323,15 @@ TEST_F(SnapshotTest, SizeLimitsHoldAgainstLyingStreams) {
   const std::string stream = Export(src_.get(), id_, 1 << 20);
   // Declared sizes far beyond the limits are refused from the 64-byte header alone.
   ExpectRefused(WithHeader(stream, uint64_t{1} << 60, 2).substr(0, 64), 64,
-                absl::StatusCode::kInvalidArgument, "outside the limits");
+                absl::StatusCode::kResourceExhausted, "over the limit");
   auto importer = dst_->BeginImport();
   EXPECT_THAT(importer->Feed(WithHeader(stream, uint64_t{1} << 60, 2).substr(0, 64)),
-              StatusIs(absl::StatusCode::kInvalidArgument, "outside the limits"));
+              StatusIs(absl::StatusCode::kResourceExhausted, "manifest of 1152921504606846976 bytes"));
   ExpectRefused(WithHeader(stream, internal::GetU64(stream.data() + 32), uint64_t{1} << 40), 4096,
-                absl::StatusCode::kInvalidArgument, "segments is outside");
+                absl::StatusCode::kResourceExhausted, "segments is over the limit");
+  ExpectRefused(WithHeader(stream, 10, 2), 4096, absl::StatusCode::kInvalidArgument, "declares a manifest of 10");
+  ExpectRefused(WithHeader(stream, internal::GetU64(stream.data() + 32), 0), 4096,
+                absl::StatusCode::kInvalidArgument, "0 segments");
   // A header that disagrees with the manifest it precedes.
   ExpectRefused(WithHeader(stream, internal::GetU64(stream.data() + 32), 3), 4096,
                 absl::StatusCode::kDataLoss, "lists 2");
@@ -308,8 +346,8 @@ TEST_F(SnapshotTest, SizeLimitsHoldAgainstLyingStreams) {
   const size_t manifest_end = 64 + internal::GetU64(stream.data() + 32);
   auto small = dst_->BeginImport();
   EXPECT_THAT(small->Feed(absl::string_view(stream).substr(0, manifest_end)),
-              StatusIs(absl::StatusCode::kInvalidArgument, "over the limit"));
-  ExpectRefused(stream, 1 << 20, absl::StatusCode::kInvalidArgument, "limit");
+              StatusIs(absl::StatusCode::kResourceExhausted, "over the limit"));
+  ExpectRefused(stream, 1 << 20, absl::StatusCode::kResourceExhausted, "limit");
 
   // A segment header declaring a blob table over the limit: refused at its fixed header.
   dst_.reset();

@@ -294,6 +294,29 @@ TEST(StateStoreTest, BadInputIsRefusedAndWritesNothing) {
   EXPECT_EQ(reader->manifest().segments.size(), 1u);
 }
 
+TEST(StateStoreTest, NeverWritesWhatRecoveryWouldRefuse) {
+  TempDir dir;
+  StoreOptions options = TestOptions(dir.path());
+  options.limits.max_manifest_json_bytes = 1000;
+  options.limits.max_blob_table_bytes = 200;
+  ASSERT_OK_AND_ASSIGN(auto store, StateStore::Create(options));
+  SessionMeta meta = MakeMeta(TestId(8), 0);
+  ExtendMeta(&meta, 2);
+  EXPECT_THAT(store->WriteTurn(meta, MakeTurn(1, 0, 2).segment),
+              StatusIs(absl::StatusCode::kInvalidArgument, "blob table"));
+  options.limits.max_blob_table_bytes = 1 << 20;
+  store.reset();
+  ASSERT_OK_AND_ASSIGN(store, StateStore::Create(options));
+  meta.compression_config["big"] = std::string(2000, 'x');
+  EXPECT_THAT(store->WriteTurn(meta, MakeTurn(1, 0, 2).segment),
+              StatusIs(absl::StatusCode::kInvalidArgument, "manifest JSON"));
+  meta.compression_config.erase("big");
+  ASSERT_OK(store->WriteTurn(meta, MakeTurn(1, 0, 2).segment));
+  meta.compression_config["big"] = std::string(2000, 'x');
+  EXPECT_THAT(store->UpdateSession(meta), StatusIs(absl::StatusCode::kInvalidArgument, "manifest JSON"));
+  EXPECT_TRUE(store->OpenAll().errors.empty());
+}
+
 TEST(StateStoreTest, SegmentLimitAsksForCompaction) {
   TempDir dir;
   StoreOptions options = TestOptions(dir.path());
