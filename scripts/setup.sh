@@ -11,9 +11,9 @@ PACKAGES=(
   libtorch-dev libopenblas0-pthread
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev prometheus-cpp-dev libsentencepiece-dev nlohmann-json3-dev
-  libutf8proc-dev libpcre2-dev libgoogle-glog-dev
+  libutf8proc-dev libpcre2-dev libgoogle-glog-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus python3 python3-grpcio python3-protobuf gnuplot-nox
+  prometheus python3 python3-grpcio python3-protobuf python3-xxhash gnuplot-nox
 )
 
 if [[ -z "${ECHOKV_SKIP_APT:-}" ]]; then
