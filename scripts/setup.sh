@@ -14,6 +14,8 @@ PACKAGES=(
   libutf8proc-dev libpcre2-dev libgoogle-glog-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus python3 python3-grpcio python3-protobuf python3-xxhash gnuplot-nox
+  golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
+  golang-github-xeipuuv-gojsonschema-dev python3-kubernetes python3-jsonschema python3-yaml
 )
 
 if [[ -z "${ECHOKV_SKIP_APT:-}" ]]; then
