@@ -14,6 +14,7 @@ PACKAGES=(
   libutf8proc-dev libpcre2-dev libgoogle-glog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus python3 python3-grpcio python3-protobuf gnuplot-nox
+  python3-pip python3-setuptools python3-wheel python3-venv
 )
 
 if [[ -z "${ECHOKV_SKIP_APT:-}" ]]; then

@@ -12,8 +12,8 @@ import dataclasses
 import datetime
 import json
 import re
-from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
 from .v1 import echokv_pb2 as pb
 

@@ -452,6 +452,25 @@ class MemoryTest(ServerTestCase):
         branch.delete()
         memory.delete()
 
+    def test_example_runs(self):
+        """client/python/examples/memory_chat.py end to end (its sessions are deleted)."""
+        if not self.client().info().model.chat_template:
+            print("NOTE: the model has no chat template; the example is not run")
+            return
+        example = os.path.join(ARGS.client, "examples", "memory_chat.py")
+        before = len(self.client().list())
+        with tempfile.TemporaryDirectory() as tmp:
+            done = subprocess.run(
+                [sys.executable, example, "--server", SERVER.address, "--max-tokens", "8",
+                 "--budget", "32", "--save", os.path.join(tmp, "memory.snap")],
+                env=dict(os.environ, PYTHONPATH=ARGS.client), capture_output=True, text=True,
+                timeout=300)
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+        self.assertEqual(done.stdout.count("user: "), 2, done.stdout)
+        self.assertIn("branch: ", done.stdout)
+        self.assertRegex(done.stdout, r"KV bytes held \(\d+% saved\)")
+        self.assertEqual(len(self.client().list()), before)
+
 
 def main():
     global ARGS, echokv, grpc

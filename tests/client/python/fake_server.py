@@ -24,7 +24,6 @@ import collections
 import concurrent.futures
 import hashlib
 import json
-import os
 import threading
 import uuid
 
