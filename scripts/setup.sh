@@ -16,6 +16,7 @@ PACKAGES=(
   prometheus python3 python3-grpcio python3-protobuf python3-xxhash gnuplot-nox
   golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
   golang-github-xeipuuv-gojsonschema-dev python3-kubernetes python3-jsonschema python3-yaml
+  python3-pip python3-setuptools python3-wheel python3-venv
 )
 
 if [[ -z "${ECHOKV_SKIP_APT:-}" ]]; then
