@@ -163,8 +163,8 @@ absl::Status TurnJob::Prefill(int64_t max_tokens) {
       prefill_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       done_tokens_ += m;
       todo -= m;
+      if (spec_.progress) spec_.progress("prefill", done_tokens_, total_);
     }
-    if (spec_.progress) spec_.progress("prefill", done_tokens_, total_);
     return absl::OkStatus();
   });
 }
