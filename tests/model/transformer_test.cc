@@ -5,11 +5,14 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/rope.h"
+#include "nlohmann/json.hpp"
 #include "tests/model/naive_reference.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_data.h"
@@ -354,6 +357,41 @@ TEST(RopeScalingTest, Llama3InvFreqMatchesFormulaInEveryBand) {
     EXPECT_GT(count[kUnchanged], 0) << "d=" << c.head_dim;
     EXPECT_GT(count[kSmoothed], 0) << "d=" << c.head_dim;
     EXPECT_GT(count[kScaled], 0) << "d=" << c.head_dim;
+  }
+}
+
+// PyTorch's own float32 results for the same formulas (testdata/make_rope_scaling_golden.py
+// runs them with torch's Python operators): equal bit for bit.
+TEST(RopeScalingTest, MatchesPyTorchGoldenBitForBit) {
+  const nlohmann::json golden = nlohmann::json::parse(testing::ReadFileOrDie(ECHOKV_ROPE_GOLDEN));
+  ASSERT_GE(golden.at("cases").size(), 7u);
+  for (const nlohmann::json& g : golden.at("cases")) {
+    ModelConfig c = TinyConfig(ModelType::kLlama);
+    c.head_dim = g.at("head_dim").get<int>();
+    c.rope_theta = g.at("rope_theta").get<double>();
+    const nlohmann::json& rs = g.at("rope_scaling");
+    c.rope_scaling.factor = rs.at("factor").get<double>();
+    if (rs.at("rope_type") == "llama3") {
+      c.rope_scaling.type = RopeScalingType::kLlama3;
+      c.rope_scaling.low_freq_factor = rs.at("low_freq_factor").get<double>();
+      c.rope_scaling.high_freq_factor = rs.at("high_freq_factor").get<double>();
+      c.rope_scaling.original_max_position_embeddings = rs.at("original_max_position_embeddings").get<int>();
+    } else {
+      c.rope_scaling.type = RopeScalingType::kLinear;
+    }
+    ASSERT_OK(c.Validate());
+    const std::vector<float> got = Floats(ComputeRopeInvFreq(c));
+    const auto& want = g.at("inv_freq_bits");
+    ASSERT_EQ(got.size(), want.size()) << g.at("name");
+    int differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &got[i], 4);
+      const uint32_t expected = static_cast<uint32_t>(std::stoul(want[i].get<std::string>(), nullptr, 16));
+      differ += bits != expected;
+      EXPECT_EQ(bits, expected) << g.at("name") << " i=" << i;
+    }
+    EXPECT_EQ(differ, 0) << g.at("name");
   }
 }
 
