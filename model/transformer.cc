@@ -394,8 +394,11 @@ struct Transformer::Impl {
 };
 
 at::Tensor ComputeRopeInvFreq(const ModelConfig& config) {
-  at::Tensor inv = kernels::RopeInvFreq(config.head_dim, config.rope_theta);  // [d/2] float32
-  const RopeScaling& rs = config.rope_scaling;
+  return ApplyRopeScaling(kernels::RopeInvFreq(config.head_dim, config.rope_theta), config.rope_scaling);
+}
+
+at::Tensor ApplyRopeScaling(const at::Tensor& inv_freq, const RopeScaling& rs) {
+  const at::Tensor inv = inv_freq.to(at::kFloat);  // [d/2]
   switch (rs.type) {
     case RopeScalingType::kNone:
       return inv;

@@ -3,7 +3,9 @@
 float32 for rope_scaling "linear" and "llama3", evaluated with torch's own Python
 operators (so `2 * math.pi / t`, scalar promotion and the float32 roundings are
 PyTorch's, as in transformers' modeling_rope_utils). model_transformer_test compares
-ComputeRopeInvFreq with these values bit for bit.
+ApplyRopeScaling(base) with inv_freq bit for bit (elementwise ops only, so the same on
+every CPU), and ComputeRopeInvFreq with them to float32 precision (the base's pow may
+differ by an ulp between vector widths).
 
 Regenerate (needs Debian's python3-torch, not needed by the tests themselves):
   /usr/bin/python3 tests/model/testdata/make_rope_scaling_golden.py > tests/model/testdata/rope_scaling_golden.json
@@ -70,7 +72,7 @@ def main():
             got = linear(inv, rs["factor"])
         assert got.dtype == torch.float32
         out["cases"].append({"name": name, "head_dim": dim, "rope_theta": theta, "rope_scaling": rs,
-                             "inv_freq_bits": bits(got)})
+                             "base_inv_freq_bits": bits(inv), "inv_freq_bits": bits(got)})
     json.dump(out, sys.stdout, indent=1)
     sys.stdout.write("\n")
 
