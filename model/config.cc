@@ -180,33 +180,90 @@ absl::Status SingleBos(const Fields& f, int* bos) {
   return absl::OkStatus();
 }
 
-absl::Status ParseRopeScaling(const Fields& f) {
+// A number inside the rope_scaling object; errors name it "rope_scaling.<key>".
+absl::StatusOr<double> RopeNumber(const Json& rs, absl::string_view key, absl::string_view type) {
+  auto it = rs.find(std::string(key));
+  if (it == rs.end() || it->is_null()) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: field 'rope_scaling.", key,
+                                                   "' is missing (required for rope_type '", type,
+                                                   "')"));
+  }
+  if (!it->is_number()) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: field 'rope_scaling.", key,
+                                                   "' must be a number, got ", TypeName(*it)));
+  }
+  const double d = it->get<double>();
+  if (!std::isfinite(d)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: field 'rope_scaling.", key, "' must be finite"));
+  }
+  return d;
+}
+
+// rope_scaling: null, or an object with "rope_type" (or the older "type", which
+// transformers still accepts) and the parameters of that type.
+absl::Status ParseRopeScaling(const Fields& f, RopeScaling* out) {
+  *out = RopeScaling();
   const Json* rs = f.Get("rope_scaling");
   if (rs == nullptr) return absl::OkStatus();
   if (!rs->is_object()) {
     return f.Error("rope_scaling", absl::StrCat("must be an object or null, got ", TypeName(*rs)));
   }
-  // transformers reads "rope_type", falling back to the older "type".
   const Json* type = nullptr;
+  std::string type_key;
   for (const char* key : {"rope_type", "type"}) {
     auto it = rs->find(key);
-    if (it != rs->end() && !it->is_null()) {
+    if (it == rs->end() || it->is_null()) continue;
+    if (!it->is_string()) {
+      return f.Error(absl::StrCat("rope_scaling.", key),
+                     absl::StrCat("must be a string, got ", TypeName(*it)));
+    }
+    if (type == nullptr) {
       type = &*it;
-      break;
+      type_key = key;
+    } else if (*type != *it) {
+      // transformers' rope utilities read rope_type first while LlamaConfig copies
+      // "type" over "rope_type": the two disagree, so we refuse rather than guess.
+      return f.Error("rope_scaling", absl::StrCat("has rope_type '", type->get<std::string>(),
+                                                  "' and type '", it->get<std::string>(),
+                                                  "', which disagree"));
     }
   }
   if (type == nullptr) {
     return f.Error("rope_scaling", "has no 'rope_type' or 'type'");
   }
-  if (!type->is_string()) {
-    return f.Error("rope_scaling", absl::StrCat("type must be a string, got ", TypeName(*type)));
-  }
   const std::string name = type->get<std::string>();
-  // "default" is transformers' name for plain, unscaled RoPE.
-  if (name == "default") return absl::OkStatus();
-  return absl::UnimplementedError(
-      absl::StrCat("config.json: rope_scaling type '", name,
-                   "' is not supported (only unscaled RoPE: rope_scaling null)"));
+  if (name == "default") return absl::OkStatus();  // transformers' name for plain RoPE
+  if (name == "linear") {
+    out->type = RopeScalingType::kLinear;
+    ECHOKV_ASSIGN_OR_RETURN(out->factor, RopeNumber(*rs, "factor", name));
+  } else if (name == "llama3") {
+    out->type = RopeScalingType::kLlama3;
+    ECHOKV_ASSIGN_OR_RETURN(out->factor, RopeNumber(*rs, "factor", name));
+    ECHOKV_ASSIGN_OR_RETURN(out->low_freq_factor, RopeNumber(*rs, "low_freq_factor", name));
+    ECHOKV_ASSIGN_OR_RETURN(out->high_freq_factor, RopeNumber(*rs, "high_freq_factor", name));
+    const char* kOriginal = "original_max_position_embeddings";
+    auto it = rs->find(kOriginal);
+    if (it == rs->end() || it->is_null()) {
+      return f.Error(absl::StrCat("rope_scaling.", kOriginal), "is missing (required for rope_type 'llama3')");
+    }
+    ECHOKV_ASSIGN_OR_RETURN(int64_t original, f.ToInt(absl::StrCat("rope_scaling.", kOriginal), *it));
+    out->original_max_position_embeddings = static_cast<int>(original);
+  } else if (name == "dynamic") {
+    return absl::UnimplementedError(absl::StrCat(
+        "config.json: rope_scaling type 'dynamic' (dynamic NTK, field 'rope_scaling.", type_key,
+        "') is not supported: it recomputes the RoPE base "
+        "from the current sequence length, while echokv stores keys post-RoPE at their "
+        "original positions and never re-rotates them (compressed, appended and forked "
+        "caches), so keys written at one length would not match queries at another"));
+  } else {
+    return absl::UnimplementedError(absl::StrCat(
+        "config.json: rope_scaling type '", name, "' (field 'rope_scaling.", type_key,
+        "') is not supported (supported: null, 'default', 'linear', 'llama3')"));
+  }
+  absl::Status valid = out->Validate();
+  if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("config.json: ", valid.message()));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
@@ -250,6 +307,50 @@ absl::string_view ModelTypeName(ModelType type) {
   return "unknown";
 }
 
+absl::string_view RopeScalingTypeName(RopeScalingType type) {
+  switch (type) {
+    case RopeScalingType::kNone:
+      return "none";
+    case RopeScalingType::kLinear:
+      return "linear";
+    case RopeScalingType::kLlama3:
+      return "llama3";
+  }
+  return "unknown";
+}
+
+absl::Status RopeScaling::Validate() const {
+  auto bad = [](absl::string_view field, absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("field 'rope_scaling.", field, "' ", what));
+  };
+  switch (type) {
+    case RopeScalingType::kNone:
+      return absl::OkStatus();
+    case RopeScalingType::kLinear:
+    case RopeScalingType::kLlama3:
+      // transformers documents factor as a float >= 1 (it only warns); below 1 the
+      // "extension" would shrink the context, which no checkpoint does.
+      if (!std::isfinite(factor) || factor < 1.0) {
+        return bad("factor", absl::StrCat("must be a finite number >= 1, got ", factor));
+      }
+      break;
+  }
+  if (type != RopeScalingType::kLlama3) return absl::OkStatus();
+  if (!std::isfinite(low_freq_factor) || !(low_freq_factor > 0)) {
+    return bad("low_freq_factor", absl::StrCat("must be positive and finite, got ", low_freq_factor));
+  }
+  // The smoothing band divides by high - low.
+  if (!std::isfinite(high_freq_factor) || !(high_freq_factor > low_freq_factor)) {
+    return bad("high_freq_factor", absl::StrCat("must be finite and greater than low_freq_factor (",
+                                                low_freq_factor, "), got ", high_freq_factor));
+  }
+  if (original_max_position_embeddings <= 0) {
+    return bad("original_max_position_embeddings",
+               absl::StrCat("must be positive, got ", original_max_position_embeddings));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ModelConfig::Validate() const {
   auto bad = [](absl::string_view field, absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("model config: ", field, " ", what));
@@ -280,6 +381,9 @@ absl::Status ModelConfig::Validate() const {
   }
   if (!(rope_theta > 0) || !std::isfinite(rope_theta)) {
     return bad("rope_theta", absl::StrCat("must be positive and finite, got ", rope_theta));
+  }
+  if (absl::Status s = rope_scaling.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: ", s.message()));
   }
   if (sliding_window < 0) {
     return bad("sliding_window", absl::StrCat("must be >= 0, got ", sliding_window));
@@ -364,7 +468,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view config_json,
     if (!(*theta > 0)) return f.Error("rope_theta", absl::StrCat("must be positive, got ", *theta));
     cfg.rope_theta = *theta;
   }
-  ECHOKV_RETURN_IF_ERROR(ParseRopeScaling(f));
+  ECHOKV_RETURN_IF_ERROR(ParseRopeScaling(f, &cfg.rope_scaling));
 
   ECHOKV_ASSIGN_OR_RETURN(cfg.tie_word_embeddings, f.OptionalBool("tie_word_embeddings", false));
 

@@ -21,6 +21,30 @@ enum class ModelType { kLlama, kMistral, kQwen2 };
 // "llama", "mistral", "qwen2".
 absl::string_view ModelTypeName(ModelType type);
 
+// config.json "rope_scaling" (its "rope_type", or the older "type"). Each supported
+// type only changes RoPE's inverse frequencies, once, at load; ComputeRopeInvFreq
+// (model/transformer.h) applies it. "dynamic" (dynamic NTK) is refused: it recomputes
+// the frequencies from the current sequence length, and echokv stores keys post-RoPE
+// at their original positions and never re-rotates them (see ParseModelConfig).
+enum class RopeScalingType {
+  kNone,    // rope_scaling null or "default": plain RoPE
+  kLinear,  // inv_freq / factor (positions divided by factor)
+  kLlama3,  // Llama 3.1's three-band rescaling (transformers' _compute_llama3_parameters)
+};
+
+// "none", "linear", "llama3".
+absl::string_view RopeScalingTypeName(RopeScalingType type);
+
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  double factor = 1.0;                       // linear, llama3: >= 1
+  double low_freq_factor = 1.0;              // llama3: > 0
+  double high_freq_factor = 4.0;             // llama3: > low_freq_factor
+  int original_max_position_embeddings = 0;  // llama3: > 0 (the pre-extension context)
+  // Ranges for the fields `type` uses; the error names the rope_scaling field.
+  absl::Status Validate() const;
+};
+
 struct ModelConfig {
   ModelType type = ModelType::kLlama;
   int hidden_size = 0;
@@ -33,6 +57,7 @@ struct ModelConfig {
   int max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;         // rope_scaling (kNone when null)
   bool tie_word_embeddings = false;
   bool qkv_bias = false;            // q/k/v projections carry a bias (Qwen2; Llama attention_bias)
   bool o_bias = false;              // o_proj carries a bias (Llama attention_bias)
@@ -55,7 +80,7 @@ struct ModelConfig {
 
 // Parses config.json text, then merges generation_config.json text (may be empty)
 // for bos/eos ids. Missing or invalid fields -> InvalidArgument naming the field;
-// rope_scaling other than null -> Unimplemented naming its type.
+// a rope_scaling type other than default/linear/llama3 -> Unimplemented naming it.
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view config_json,
                                              absl::string_view generation_config_json);
 

@@ -20,7 +20,34 @@ absl::Status SamplingParams::Validate() const {
   if (top_k < 0) {
     return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", top_k));
   }
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", min_p));
+  }
+  if (!std::isfinite(repetition_penalty) || !(repetition_penalty > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("repetition_penalty must be finite and > 0, got ", repetition_penalty));
+  }
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("presence_penalty must be in [-2, 2], got ", presence_penalty));
+  }
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frequency_penalty must be in [-2, 2], got ", frequency_penalty));
+  }
+  if (top_logprobs < 0 || top_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs must be in [0, ", kMaxTopLogprobs, "], got ", top_logprobs));
+  }
+  if (top_logprobs > 0 && !logprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs (", top_logprobs, ") needs logprobs to be true"));
+  }
   return absl::OkStatus();
+}
+
+bool SamplingParams::HasPenalties() const {
+  return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
 }
 
 int Argmax(absl::Span<const float> logits) {
@@ -34,7 +61,28 @@ int Argmax(absl::Span<const float> logits) {
   return best;
 }
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), state_(params.seed) {}
+namespace {
+
+// Argmax over doubles without NaN; ties go to the lowest index.
+int ArgmaxOf(const std::vector<double>& z) {
+  int best = 0;
+  for (size_t i = 1; i < z.size(); ++i) {
+    if (z[i] > z[best]) best = static_cast<int>(i);
+  }
+  return best;
+}
+
+}  // namespace
+
+Sampler::Sampler(const SamplingParams& params, absl::Span<const int> prompt_ids)
+    : params_(params), state_(params.seed) {
+  // Only repetition_penalty reads the prompt, and only which ids occur.
+  if (params_.repetition_penalty != 1.0f) {
+    prompt_ids_.assign(prompt_ids.begin(), prompt_ids.end());
+    std::sort(prompt_ids_.begin(), prompt_ids_.end());
+    prompt_ids_.erase(std::unique(prompt_ids_.begin(), prompt_ids_.end()), prompt_ids_.end());
+  }
+}
 
 double Sampler::NextUniform() {
   // splitmix64 (Steele, Lea, Flood 2014), the top 53 bits as a double in [0, 1).
@@ -46,40 +94,85 @@ double Sampler::NextUniform() {
   return static_cast<double>(z >> 11) * 0x1.0p-53;
 }
 
-int Sampler::Sample(absl::Span<const float> logits) {
-  if (logits.empty()) return -1;
-  if (params_.temperature <= 0.0f) return Argmax(logits);
+std::vector<double> Sampler::Penalized(absl::Span<const float> logits) const {
+  const int64_t v = static_cast<int64_t>(logits.size());
+  std::vector<double> z(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    z[i] = std::isnan(logits[i]) ? -INFINITY : static_cast<double>(logits[i]);
+  }
+  if (!params_.HasPenalties()) return z;
+  // Repetition: each distinct id of prompt + generated once (HF gathers and scatters
+  // the same value for repeated ids; vLLM uses a mask).
+  if (params_.repetition_penalty != 1.0f) {
+    const double rp = params_.repetition_penalty;
+    auto penalize = [&](int id) {
+      double& x = z[id];
+      x = x > 0 ? x / rp : x * rp;
+    };
+    for (int id : prompt_ids_) {
+      if (id >= 0 && id < v) penalize(id);
+    }
+    for (const auto& [id, count] : counts_) {
+      if (id >= 0 && id < v && !std::binary_search(prompt_ids_.begin(), prompt_ids_.end(), id)) {
+        penalize(id);
+      }
+    }
+  }
+  // OpenAI: mu[j] -= c[j] * frequency_penalty + (c[j] > 0) * presence_penalty.
+  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    for (const auto& [id, count] : counts_) {
+      if (id < 0 || id >= v) continue;
+      z[id] -= static_cast<double>(params_.frequency_penalty) * count +
+               static_cast<double>(params_.presence_penalty);
+    }
+  }
+  return z;
+}
 
-  const int greedy = Argmax(logits);
-  const float max_logit = logits[greedy];
-  if (!std::isfinite(max_logit)) return greedy;  // +inf (or all -inf/NaN): no distribution
+Sampler::Candidates Sampler::Prepare(absl::Span<const float> logits) const {
+  Candidates c;
+  if (params_.temperature <= 0.0f) {
+    // Without penalties exactly the plain argmax of the raw logits (the behaviour
+    // before penalties existed).
+    c.ids.push_back(params_.HasPenalties() ? ArgmaxOf(Penalized(logits)) : Argmax(logits));
+    c.weights.push_back(1.0);
+    c.total = 1.0;
+    return c;
+  }
+  const std::vector<double> z = Penalized(logits);
+  const int greedy = ArgmaxOf(z);
+  const double max_z = z[greedy];
+  if (!std::isfinite(max_z)) {  // +inf, or every logit -inf/NaN: no distribution
+    c.ids.push_back(greedy);
+    c.weights.push_back(1.0);
+    c.total = 1.0;
+    return c;
+  }
 
-  // Candidates in descending logit order, ties by lower id (the order top-k and top-p
-  // cut in). Without a cut, id order is enough.
+  // Candidates in descending order, ties by lower id (the order top-k and top-p cut
+  // in). Without a cut, id order is enough.
   const bool cut = params_.top_k > 0 || params_.top_p < 1.0f;
-  std::vector<int> order(logits.size());
+  c.draw = true;  // even when the cuts leave one candidate, as the sequence always did
+  std::vector<int>& order = c.ids;
+  order.resize(z.size());
   std::iota(order.begin(), order.end(), 0);
-  auto before = [&logits](int a, int b) {
-    const float la = std::isnan(logits[a]) ? -INFINITY : logits[a];
-    const float lb = std::isnan(logits[b]) ? -INFINITY : logits[b];
-    return la > lb || (la == lb && a < b);
-  };
-  size_t keep = order.size();
+  auto before = [&z](int a, int b) { return z[a] > z[b] || (z[a] == z[b] && a < b); };
   if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < order.size()) {
-    keep = static_cast<size_t>(params_.top_k);
+    const size_t keep = static_cast<size_t>(params_.top_k);
     std::partial_sort(order.begin(), order.begin() + keep, order.end(), before);
     order.resize(keep);
   } else if (cut) {
     std::sort(order.begin(), order.end(), before);
   }
 
-  // Unnormalised softmax(logits / T) over the kept candidates, in double.
+  // Unnormalised softmax(z / T) over the kept candidates, in double; the maximum has
+  // weight exactly 1.
   const double inv_t = 1.0 / static_cast<double>(params_.temperature);
-  std::vector<double> weights(order.size());
+  std::vector<double>& weights = c.weights;
+  weights.resize(order.size());
   double total = 0.0;
   for (size_t i = 0; i < order.size(); ++i) {
-    const float l = logits[order[i]];
-    const double w = std::isnan(l) ? 0.0 : std::exp((static_cast<double>(l) - max_logit) * inv_t);
+    const double w = std::exp((z[order[i]] - max_z) * inv_t);
     weights[i] = w;
     total += w;
   }
@@ -99,18 +192,108 @@ int Sampler::Sample(absl::Span<const float> logits) {
     total = mass;
   }
 
-  const double u = NextUniform() * total;
-  double acc = 0.0;
-  for (size_t i = 0; i < weights.size(); ++i) {
-    acc += weights[i];
-    if (u < acc) return order[i];
+  // min-p: p_i < min_p * p_max  <=>  w_i < min_p * w_max, and w_max = 1 (the maximum
+  // survives top-k and top-p). Dropped candidates keep a zero weight, never drawn.
+  if (params_.min_p > 0.0f) {
+    const double threshold = static_cast<double>(params_.min_p);
+    total = 0.0;
+    for (double& w : weights) {
+      if (w < threshold) w = 0.0;
+      total += w;
+    }
   }
-  // Rounding left u at the very top: the last candidate with non-zero weight.
-  for (size_t i = weights.size(); i > 0; --i) {
-    if (weights[i - 1] > 0.0) return order[i - 1];
-  }
-  return greedy;
+  c.total = total;
+  return c;
 }
+
+std::vector<double> Sampler::Probabilities(absl::Span<const float> logits) const {
+  std::vector<double> p(logits.size(), 0.0);
+  if (logits.empty()) return p;
+  const Candidates c = Prepare(logits);
+  for (size_t i = 0; i < c.ids.size(); ++i) p[c.ids[i]] += c.weights[i] / c.total;
+  return p;
+}
+
+void Sampler::FillLogprobs(absl::Span<const float> logits, SampledToken* out) const {
+  // Raw log_softmax in double; NaN counts as -inf (probability 0).
+  auto value = [&logits](size_t i) {
+    return std::isnan(logits[i]) ? -INFINITY : static_cast<double>(logits[i]);
+  };
+  double max = -INFINITY;
+  for (size_t i = 0; i < logits.size(); ++i) max = std::max(max, value(i));
+  double lse;
+  if (std::isinf(max)) {
+    // Every logit -inf (all probabilities 0) or some +inf (all mass on those):
+    // log_softmax is -inf everywhere, or 0 at the +inf ones shared equally.
+    lse = max;
+    if (max > 0) {
+      int n_inf = 0;
+      for (size_t i = 0; i < logits.size(); ++i) n_inf += value(i) == max;
+      lse = std::log(static_cast<double>(n_inf));
+    }
+  } else {
+    double sum = 0.0;
+    for (size_t i = 0; i < logits.size(); ++i) sum += std::exp(value(i) - max);
+    lse = max + std::log(sum);
+  }
+  auto logprob = [&](size_t i) -> double {
+    const double l = value(i);
+    if (std::isinf(max) && max > 0) return l == max ? -lse : -INFINITY;
+    if (l == -INFINITY) return -INFINITY;
+    return l - lse;
+  };
+  out->logprob = static_cast<float>(logprob(static_cast<size_t>(out->token)));
+  if (params_.top_logprobs <= 0) return;
+  std::vector<int> ids;
+  ids.reserve(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logprob(i) != -INFINITY) ids.push_back(static_cast<int>(i));
+  }
+  const size_t k = std::min(ids.size(), static_cast<size_t>(params_.top_logprobs));
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int a, int b) {
+    const double va = value(a), vb = value(b);
+    return va > vb || (va == vb && a < b);
+  });
+  out->top_logprobs.clear();
+  for (size_t i = 0; i < k; ++i) {
+    out->top_logprobs.push_back({ids[i], static_cast<float>(logprob(ids[i]))});
+  }
+}
+
+SampledToken Sampler::Next(absl::Span<const float> logits) {
+  SampledToken out;
+  if (logits.empty()) return out;
+  const Candidates c = Prepare(logits);
+  out.token = c.ids[0];
+  if (c.draw) {
+    const double u = NextUniform() * c.total;
+    double acc = 0.0;
+    bool drawn = false;
+    for (size_t i = 0; i < c.weights.size(); ++i) {
+      acc += c.weights[i];
+      if (u < acc) {
+        out.token = c.ids[i];
+        drawn = true;
+        break;
+      }
+    }
+    if (!drawn) {
+      // Rounding left u at the very top: the last candidate with non-zero weight.
+      for (size_t i = c.weights.size(); i > 0; --i) {
+        if (c.weights[i - 1] > 0.0) {
+          out.token = c.ids[i - 1];
+          break;
+        }
+      }
+    }
+  }
+  if (params_.logprobs) FillLogprobs(logits, &out);
+  generated_.push_back(out.token);
+  ++counts_[out.token];
+  return out;
+}
+
+int Sampler::Sample(absl::Span<const float> logits) { return Next(logits).token; }
 
 absl::string_view StopReasonName(StopReason reason) {
   switch (reason) {

@@ -393,6 +393,37 @@ struct Transformer::Impl {
   }
 };
 
+at::Tensor ComputeRopeInvFreq(const ModelConfig& config) {
+  return ApplyRopeScaling(kernels::RopeInvFreq(config.head_dim, config.rope_theta), config.rope_scaling);
+}
+
+at::Tensor ApplyRopeScaling(const at::Tensor& inv_freq, const RopeScaling& rs) {
+  const at::Tensor inv = inv_freq.to(at::kFloat);  // [d/2]
+  switch (rs.type) {
+    case RopeScalingType::kNone:
+      return inv;
+    case RopeScalingType::kLinear:
+      // HF: inv_freq /= factor (float32 division by the float32-rounded factor).
+      return inv / rs.factor;
+    case RopeScalingType::kLlama3: {
+      // Each line mirrors one line of transformers' _compute_llama3_parameters; Python
+      // scalars become float32 inside the tensor op, and `scalar / t` is
+      // t.reciprocal() * scalar (torch's Tensor.__rtruediv__), as here.
+      const double original = rs.original_max_position_embeddings;
+      const double low_freq_wavelen = original / rs.low_freq_factor;    // Python float
+      const double high_freq_wavelen = original / rs.high_freq_factor;  // Python float
+      at::Tensor wavelen = inv.reciprocal() * (2.0 * M_PI);            // 2 * math.pi / inv_freq
+      at::Tensor inv_llama = at::where(wavelen > low_freq_wavelen, inv / rs.factor, inv);
+      at::Tensor smooth = (wavelen.reciprocal() * original - rs.low_freq_factor) /
+                          (rs.high_freq_factor - rs.low_freq_factor);
+      at::Tensor smoothed = at::rsub(smooth, 1.0) * inv_llama / rs.factor + smooth * inv_llama;
+      at::Tensor medium = (wavelen < high_freq_wavelen).logical_not() & (wavelen > low_freq_wavelen).logical_not();
+      return at::where(medium, smoothed, inv_llama);
+    }
+  }
+  return inv;
+}
+
 Transformer::Transformer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Transformer::~Transformer() = default;
 
@@ -455,13 +486,13 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
     }
     impl->final_norm = load("model.norm.weight");
     impl->lm_head = config.tie_word_embeddings ? impl->embed : load("lm_head.weight");
-    impl->inv_freq = kernels::RopeInvFreq(config.head_dim, config.rope_theta);
+    impl->inv_freq = ComputeRopeInvFreq(config).contiguous();
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("loading weights failed: ", ErrorText(e)));
   }
   ECHOKV_LOG(INFO) << "loaded " << ModelTypeName(config.type) << " model: " << config.num_layers << " layers, "
                    << config.num_heads << "/" << config.num_kv_heads << " heads, d=" << config.head_dim
-                   << ", vocab " << config.vocab_size << " on " << device.device << " " << device.dtype << ", "
+                   << ", rope_scaling " << RopeScalingTypeName(config.rope_scaling.type) << ", vocab " << config.vocab_size << " on " << device.device << " " << device.dtype << ", "
                    << threads << " threads (" << impl->pools->Describe() << ")";
   return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
 }

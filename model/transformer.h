@@ -64,6 +64,23 @@ struct DecodeResult {
   std::vector<at::Tensor> queries;           // per layer [H, d] float32 post-RoPE (if asked)
 };
 
+// Applies `scaling` to RoPE inverse frequencies `inv_freq` ([d/2] float32 CPU) in
+// float32 tensor arithmetic written line for line as transformers writes it, so the
+// float32 roundings are PyTorch's (only exactly rounded elementwise ops: the result
+// does not depend on the CPU's vector width):
+//   none: unchanged
+//   linear: inv_freq / factor
+//   llama3 (_compute_llama3_parameters): wavelen = 2 pi / inv_freq; wavelen <
+//     original / high_freq_factor: unchanged; wavelen > original / low_freq_factor:
+//     inv_freq / factor; between: (1 - s) inv_freq / factor + s inv_freq with
+//     s = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor).
+// `scaling` must be valid (RopeScaling::Validate).
+at::Tensor ApplyRopeScaling(const at::Tensor& inv_freq, const RopeScaling& scaling);
+
+// RoPE inverse frequencies [d/2] float32 CPU for `config`: theta^(-2i/d) by HF's
+// float32 recipe (kernels::RopeInvFreq), then ApplyRopeScaling(config.rope_scaling).
+at::Tensor ComputeRopeInvFreq(const ModelConfig& config);
+
 class Transformer {
  public:
   // Loads config.json (+ generation_config.json) and the safetensors weights of `dir`.
@@ -79,7 +96,9 @@ class Transformer {
   const DeviceOptions& device_options() const;
   // An empty cache with this model's layer/group/head-dim shape, dtype and device.
   KvCache NewCache() const;
-  // RoPE inverse frequencies [d/2] float32 CPU: theta^(-2i/d).
+  // RoPE inverse frequencies [d/2] float32 CPU, with rope_scaling applied
+  // (ComputeRopeInvFreq). Every rotation of this model uses them: Forward, Decode and
+  // the compression policies that re-rotate queries (EchoKV's proposals).
   at::Tensor RopeInvFreq() const;
 
   // Runs `tokens` at positions cache->next_position() + 0, 1, ..., appending their

@@ -44,6 +44,12 @@ ABSL_FLAG(double, temperature, 0.0, "sampling temperature; 0 = greedy");
 ABSL_FLAG(double, top_p, 1.0, "nucleus sampling mass in (0, 1]");
 ABSL_FLAG(int, top_k, 0, "top-k cut; 0 = off");
 ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
+ABSL_FLAG(double, min_p, 0.0, "min-p cut in [0, 1]: drop tokens below min_p * the top probability; 0 = off");
+ABSL_FLAG(double, repetition_penalty, 1.0, "> 0; divides positive / multiplies negative logits of prompt and output ids");
+ABSL_FLAG(double, presence_penalty, 0.0, "[-2, 2]; subtracted from the logits of ids generated before");
+ABSL_FLAG(double, frequency_penalty, 0.0, "[-2, 2]; times the count, subtracted from the logits of generated ids");
+ABSL_FLAG(bool, logprobs, false, "with --json: the raw log-probability of each output token");
+ABSL_FLAG(int, top_logprobs, 0, "with --logprobs: also the N (<= 20) most likely tokens at each step");
 ABSL_FLAG(std::string, stop_ids, "", "extra comma-separated token ids that end the generation");
 ABSL_FLAG(bool, json, false, "print one JSON object instead of streaming text");
 ABSL_FLAG(std::string, policy, "full", "full|streamingllm|h2o|snapkv|pyramidkv|laq|echokv");
@@ -113,6 +119,12 @@ absl::Status Run() {
   sampling.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
   sampling.top_k = absl::GetFlag(FLAGS_top_k);
   sampling.seed = absl::GetFlag(FLAGS_seed);
+  sampling.min_p = static_cast<float>(absl::GetFlag(FLAGS_min_p));
+  sampling.repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty));
+  sampling.presence_penalty = static_cast<float>(absl::GetFlag(FLAGS_presence_penalty));
+  sampling.frequency_penalty = static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty));
+  sampling.logprobs = absl::GetFlag(FLAGS_logprobs);
+  sampling.top_logprobs = absl::GetFlag(FLAGS_top_logprobs);
   ECHOKV_RETURN_IF_ERROR(sampling.Validate());
   ECHOKV_ASSIGN_OR_RETURN(std::vector<int> stop_ids, ParseIds(absl::GetFlag(FLAGS_stop_ids), "stop-ids"));
 
@@ -156,19 +168,22 @@ absl::Status Run() {
   stop.max_tokens = max_tokens;
   stop.eos_ids = mc.eos_token_ids;
   stop.stop_ids = stop_ids;
-  echokv::model::Sampler sampler(sampling);
+  echokv::model::Sampler sampler(sampling, prompt);
   std::unique_ptr<echokv::model::IncrementalDecoder> stream;
   if (tokenizer && !absl::GetFlag(FLAGS_json)) {
     stream = std::make_unique<echokv::model::IncrementalDecoder>(tokenizer.get());
   }
   std::vector<int> output;
+  std::vector<echokv::model::SampledToken> sampled;  // per output token (logprobs)
   echokv::model::StopReason reason = echokv::model::StopReason::kNone;
   at::Tensor logits = ctx.last_logits;
   while (reason == echokv::model::StopReason::kNone) {
-    const int next = sampler.Sample(absl::MakeConstSpan(logits.data_ptr<float>(), logits.numel()));
+    echokv::model::SampledToken t = sampler.Next(absl::MakeConstSpan(logits.data_ptr<float>(), logits.numel()));
+    const int next = t.token;
     reason = stop.Check(next, static_cast<int>(output.size()) + 1);
     if (reason == echokv::model::StopReason::kEos || reason == echokv::model::StopReason::kStopId) break;
     output.push_back(next);
+    sampled.push_back(std::move(t));
     if (stream) {
       ECHOKV_ASSIGN_OR_RETURN(std::string delta, stream->Add(next));
       std::cout << delta << std::flush;
@@ -195,6 +210,21 @@ absl::Status Run() {
     }
     j["text"] = text;
     j["stop_reason"] = std::string(echokv::model::StopReasonName(reason));
+    if (sampling.logprobs) {
+      // Raw log_softmax of the model's logits (model/sampler.h); -inf never occurs for
+      // a sampled token unless every logit is -inf.
+      nlohmann::ordered_json lp = nlohmann::ordered_json::array();
+      for (const echokv::model::SampledToken& t : sampled) {
+        nlohmann::ordered_json e;
+        e["token"] = t.token;
+        e["logprob"] = t.logprob;
+        nlohmann::ordered_json top = nlohmann::ordered_json::array();
+        for (const echokv::model::TokenLogprob& a : t.top_logprobs) top.push_back({{"token", a.token}, {"logprob", a.logprob}});
+        e["top_logprobs"] = top;
+        lp.push_back(e);
+      }
+      j["logprobs"] = lp;
+    }
     j["timings_ms"] = {{"prefill", prefill_ms}, {"compression", compression_ms}, {"decode", Ms(t1, t2)}};
     j["compression"] = nlohmann::ordered_json::parse(echokv::compression::ReportToJson(ctx.report));
     if (absl::GetFlag(FLAGS_dump_retained)) {

@@ -254,15 +254,24 @@ std::string ConfigJson(const TestModelOptions& o) {
   c["initializer_range"] = 0.02;
   c["rms_norm_eps"] = o.rms_norm_eps;
   c["rope_theta"] = o.rope_theta;
-  if (o.arch == "llama") {
+  if (o.rope_scaling == "linear") {
+    c["rope_scaling"] = {{"factor", o.rope_factor}, {"rope_type", "linear"}};
+  } else if (o.rope_scaling == "llama3") {
+    c["rope_scaling"] = {{"factor", o.rope_factor},
+                         {"high_freq_factor", o.rope_high_freq_factor},
+                         {"low_freq_factor", o.rope_low_freq_factor},
+                         {"original_max_position_embeddings", o.rope_original_max_pos},
+                         {"rope_type", "llama3"}};
+  } else if (o.arch != "mistral") {
     c["rope_scaling"] = nullptr;
+  }
+  if (o.arch == "llama") {
     c["attention_bias"] = false;
     c["mlp_bias"] = false;
     c["pretraining_tp"] = 1;
   } else if (o.arch == "mistral") {
     c["sliding_window"] = o.sliding_window;
   } else {
-    c["rope_scaling"] = nullptr;
     c["use_sliding_window"] = false;
     c["sliding_window"] = o.max_pos;
     c["max_window_layers"] = o.layers;
@@ -402,6 +411,28 @@ absl::Status TestModelOptions::Validate() const {
   }
   if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps)) {
     return bad("rms_norm_eps", rms_norm_eps, "must be positive and finite");
+  }
+  if (!rope_scaling.empty()) {
+    if (rope_scaling != "linear" && rope_scaling != "llama3") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rope_scaling must be empty, linear or llama3, got \"", rope_scaling, "\""));
+    }
+    if (!std::isfinite(rope_factor) || rope_factor < 1) {
+      return bad("rope_factor", rope_factor, "must be a finite number >= 1");
+    }
+    if (rope_scaling == "llama3") {
+      if (!std::isfinite(rope_low_freq_factor) || !(rope_low_freq_factor > 0)) {
+        return bad("rope_low_freq_factor", rope_low_freq_factor, "must be positive and finite");
+      }
+      if (!std::isfinite(rope_high_freq_factor) || !(rope_high_freq_factor > rope_low_freq_factor)) {
+        return bad("rope_high_freq_factor", rope_high_freq_factor,
+                   "must be finite and greater than rope_low_freq_factor");
+      }
+      if (rope_original_max_pos < 1 || rope_original_max_pos > max_pos) {
+        return bad("rope_original_max_pos", rope_original_max_pos,
+                   "must be in [1, max_pos] for rope_scaling llama3");
+      }
+    }
   }
   // All factors are bounded above, so int64 cannot overflow here.
   int64_t params = 0;

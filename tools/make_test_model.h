@@ -2,7 +2,8 @@
 // checkpoint (config.json, generation_config.json, model.safetensors in F32,
 // tokenizer.model trained with SentencePiece on a built-in English text,
 // tokenizer_config.json) for llama, mistral (with a small sliding window) or qwen2
-// (with q/k/v biases). The same options always give byte-identical files.
+// (with q/k/v biases), optionally with rope_scaling linear or llama3 (Llama 3.1 /
+// 3.2 style). The same options always give byte-identical files.
 //
 //   TestModelOptions options;
 //   options.arch = "mistral";
@@ -35,6 +36,13 @@ struct TestModelOptions {
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
+  // config.json rope_scaling: "" (null), "linear" or "llama3" (written with
+  // "rope_type", as Llama 3.1 / 3.2 checkpoints do).
+  std::string rope_scaling;
+  double rope_factor = 8.0;            // rope_scaling.factor (linear, llama3): >= 1
+  double rope_low_freq_factor = 1.0;   // llama3: > 0
+  double rope_high_freq_factor = 4.0;  // llama3: > rope_low_freq_factor
+  int rope_original_max_pos = 0;       // llama3: original_max_position_embeddings, in [1, max_pos]
 
   // Ranges and consistency (heads % kv_heads, hidden % heads, even head_dim, size
   // limits); the error names the bad field.

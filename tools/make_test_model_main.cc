@@ -2,6 +2,8 @@
 // checkpoint with its own SentencePiece tokenizer (see tools/make_test_model.h).
 //
 //   echokv-make-test-model --arch mistral --out /tmp/tiny-mistral --seed 1
+//   echokv-make-test-model --out /tmp/tiny-llama3 --rope_scaling llama3 --rope_factor 8
+//       --rope_original_max_pos 256 --max_pos 2048 --tie_word_embeddings   (one line)
 #include <cstdint>
 #include <iostream>
 #include <string>
@@ -28,11 +30,19 @@ ABSL_FLAG(int, sliding_window, 16, "Mistral's sliding_window (mistral only)");
 ABSL_FLAG(double, rope_theta, 10000.0, "rope_theta");
 ABSL_FLAG(double, rms_norm_eps, 1e-5, "rms_norm_eps");
 ABSL_FLAG(bool, tie_word_embeddings, false, "tie lm_head to the embeddings");
+ABSL_FLAG(std::string, rope_scaling, "", "config.json rope_scaling: empty (null), linear or llama3");
+ABSL_FLAG(double, rope_factor, 8.0, "rope_scaling.factor (linear, llama3)");
+ABSL_FLAG(double, rope_low_freq_factor, 1.0, "rope_scaling.low_freq_factor (llama3)");
+ABSL_FLAG(double, rope_high_freq_factor, 4.0, "rope_scaling.high_freq_factor (llama3)");
+ABSL_FLAG(int, rope_original_max_pos, 0,
+          "rope_scaling.original_max_position_embeddings (llama3; required, <= --max_pos)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Writes a deterministic tiny random checkpoint + tokenizer.\n"
-      "  echokv-make-test-model --arch llama|mistral|qwen2 --out DIR [--seed N] ...");
+      "  echokv-make-test-model --arch llama|mistral|qwen2 --out DIR [--seed N] ...\n"
+      "  [--rope_scaling linear|llama3 --rope_factor F --rope_low_freq_factor L\n"
+      "   --rope_high_freq_factor H --rope_original_max_pos N]");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   echokv::InitLogging(argv[0]);
   if (rest.size() > 1) {
@@ -55,6 +65,11 @@ int main(int argc, char** argv) {
   options.rope_theta = absl::GetFlag(FLAGS_rope_theta);
   options.rms_norm_eps = absl::GetFlag(FLAGS_rms_norm_eps);
   options.tie_word_embeddings = absl::GetFlag(FLAGS_tie_word_embeddings);
+  options.rope_scaling = absl::GetFlag(FLAGS_rope_scaling);
+  options.rope_factor = absl::GetFlag(FLAGS_rope_factor);
+  options.rope_low_freq_factor = absl::GetFlag(FLAGS_rope_low_freq_factor);
+  options.rope_high_freq_factor = absl::GetFlag(FLAGS_rope_high_freq_factor);
+  options.rope_original_max_pos = absl::GetFlag(FLAGS_rope_original_max_pos);
   if (options.out_dir.empty()) {
     std::cerr << "echokv-make-test-model: --out is required\n";
     return 2;

@@ -2,10 +2,13 @@
 // gets a malformed input whose error must carry the right code and name the field.
 #include "model/config.h"
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -180,18 +183,278 @@ TEST(ModelConfigTest, HeadGeometryIsChecked) {
   EXPECT_THAT(Parse(j), StatusIs(kInvalid, "'head_dim' must be even"));
 }
 
-TEST(ModelConfigTest, RopeScalingIsRefusedByType) {
+TEST(ModelConfigTest, UnsupportedRopeScalingIsRefusedByType) {
   Json j = BaseConfig();
-  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
-  EXPECT_THAT(Parse(j), StatusIs(kUnimplemented, "rope_scaling type 'yarn' is not supported"));
-  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
-  EXPECT_THAT(Parse(j), StatusIs(kUnimplemented, "rope_scaling type 'linear' is not supported"));
-  j["rope_scaling"] = {{"rope_type", "llama3"}, {"type", "llama3"}, {"factor", 8.0}};
-  EXPECT_THAT(Parse(j), StatusIs(kUnimplemented, "rope_scaling type 'llama3'"));
+  for (const char* type : {"yarn", "longrope", "ntk", "su"}) {
+    j["rope_scaling"] = {{"rope_type", type}, {"factor", 4.0}};
+    EXPECT_THAT(Parse(j), StatusIs(kUnimplemented, absl::StrCat("rope_scaling type '", type,
+                                                                "' (field 'rope_scaling.rope_type') is not supported")));
+  }
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  EXPECT_THAT(Parse(j), StatusIs(kUnimplemented, "(field 'rope_scaling.type') is not supported"));
+  // dynamic NTK: refused, and the message says why.
+  j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
+  EXPECT_THAT(Parse(j), StatusIs(kUnimplemented, "rope_scaling type 'dynamic'"));
+  EXPECT_THAT(Parse(j), StatusIs(kUnimplemented, "current sequence length"));
+  EXPECT_THAT(Parse(j), StatusIs(kUnimplemented, "post-RoPE"));
   j["rope_scaling"] = {{"factor", 2.0}};
   EXPECT_THAT(Parse(j), StatusIs(kInvalid, "'rope_scaling' has no 'rope_type' or 'type'"));
   j["rope_scaling"] = "yarn";
   EXPECT_THAT(Parse(j), StatusIs(kInvalid, "'rope_scaling' must be an object or null"));
+  j["rope_scaling"] = {{"rope_type", 3}};
+  EXPECT_THAT(Parse(j), StatusIs(kInvalid, "'rope_scaling.rope_type' must be a string"));
+  j["rope_scaling"] = {{"type", false}};
+  EXPECT_THAT(Parse(j), StatusIs(kInvalid, "'rope_scaling.type' must be a string"));
+  // transformers' two readers disagree on which key wins: refused, not guessed.
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"type", "linear"}, {"factor", 8.0}};
+  EXPECT_THAT(Parse(j), StatusIs(kInvalid, "has rope_type 'llama3' and type 'linear', which disagree"));
+}
+
+TEST(ModelConfigTest, DefaultRopeScalingIsPlainRope) {
+  Json j = BaseConfig();
+  j["rope_scaling"] = {{"rope_type", "default"}};
+  ASSERT_OK_AND_ASSIGN(ModelConfig cfg, Parse(j));
+  EXPECT_EQ(cfg.rope_scaling.type, RopeScalingType::kNone);
+  j["rope_scaling"] = nullptr;
+  ASSERT_OK_AND_ASSIGN(cfg, Parse(j));
+  EXPECT_EQ(cfg.rope_scaling.type, RopeScalingType::kNone);
+  EXPECT_EQ(RopeScalingTypeName(cfg.rope_scaling.type), "none");
+}
+
+Json Llama3Scaling() {
+  return Json{{"rope_type", "llama3"},
+              {"factor", 8.0},
+              {"low_freq_factor", 1.0},
+              {"high_freq_factor", 4.0},
+              {"original_max_position_embeddings", 8192}};
+}
+
+TEST(ModelConfigTest, Llama3RopeScalingIsParsedUnderEitherKey) {
+  Json j = BaseConfig();
+  j["rope_scaling"] = Llama3Scaling();
+  ASSERT_OK_AND_ASSIGN(ModelConfig cfg, Parse(j));
+  EXPECT_EQ(cfg.rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_EQ(RopeScalingTypeName(cfg.rope_scaling.type), "llama3");
+  EXPECT_DOUBLE_EQ(cfg.rope_scaling.factor, 8.0);
+  EXPECT_DOUBLE_EQ(cfg.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(cfg.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(cfg.rope_scaling.original_max_position_embeddings, 8192);
+
+  // The older "type" key, integer-valued factors, and both keys when they agree.
+  j["rope_scaling"] = {{"type", "llama3"}, {"factor", 32}, {"low_freq_factor", 2},
+                       {"high_freq_factor", 8.5}, {"original_max_position_embeddings", 4096}};
+  ASSERT_OK_AND_ASSIGN(cfg, Parse(j));
+  EXPECT_EQ(cfg.rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_DOUBLE_EQ(cfg.rope_scaling.factor, 32.0);
+  EXPECT_DOUBLE_EQ(cfg.rope_scaling.low_freq_factor, 2.0);
+  EXPECT_DOUBLE_EQ(cfg.rope_scaling.high_freq_factor, 8.5);
+  EXPECT_EQ(cfg.rope_scaling.original_max_position_embeddings, 4096);
+  j["rope_scaling"] = Llama3Scaling();
+  j["rope_scaling"]["type"] = "llama3";
+  ASSERT_OK_AND_ASSIGN(cfg, Parse(j));
+  EXPECT_EQ(cfg.rope_scaling.type, RopeScalingType::kLlama3);
+  // Keys of other types are ignored (transformers only warns about them).
+  j["rope_scaling"]["attention_factor"] = 1.0;
+  EXPECT_OK(Parse(j).status());
+}
+
+TEST(ModelConfigTest, LinearRopeScalingIsParsed) {
+  Json j = BaseConfig();
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.5}};
+  ASSERT_OK_AND_ASSIGN(ModelConfig cfg, Parse(j));
+  EXPECT_EQ(cfg.rope_scaling.type, RopeScalingType::kLinear);
+  EXPECT_EQ(RopeScalingTypeName(cfg.rope_scaling.type), "linear");
+  EXPECT_DOUBLE_EQ(cfg.rope_scaling.factor, 2.5);
+  j["rope_scaling"] = {{"rope_type", "linear"}};
+  EXPECT_THAT(Parse(j), StatusIs(kInvalid, "'rope_scaling.factor' is missing (required for rope_type 'linear')"));
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", -2.0}};
+  EXPECT_THAT(Parse(j), StatusIs(kInvalid, "'rope_scaling.factor' must be a finite number >= 1, got -2"));
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", "2"}};
+  EXPECT_THAT(Parse(j), StatusIs(kInvalid, "'rope_scaling.factor' must be a number, got a string"));
+}
+
+TEST(ModelConfigTest, MalformedLlama3RopeScalingNamesTheField) {
+  struct Case {
+    const char* key;
+    Json value;  // null erases the key
+    const char* error;
+  };
+  const std::vector<Case> cases = {
+      {"factor", nullptr, "'rope_scaling.factor' is missing (required for rope_type 'llama3')"},
+      {"low_freq_factor", nullptr, "'rope_scaling.low_freq_factor' is missing"},
+      {"high_freq_factor", nullptr, "'rope_scaling.high_freq_factor' is missing"},
+      {"original_max_position_embeddings", nullptr,
+       "'rope_scaling.original_max_position_embeddings' is missing"},
+      {"factor", -8.0, "'rope_scaling.factor' must be a finite number >= 1, got -8"},
+      {"factor", 0.0, "'rope_scaling.factor' must be a finite number >= 1, got 0"},
+      {"factor", 0.5, "'rope_scaling.factor' must be a finite number >= 1, got 0.5"},
+      {"factor", "8.0", "'rope_scaling.factor' must be a number, got a string"},
+      {"factor", true, "'rope_scaling.factor' must be a number, got a boolean"},
+      {"factor", Json::array({8.0}), "'rope_scaling.factor' must be a number, got an array"},
+      {"low_freq_factor", 0.0, "'rope_scaling.low_freq_factor' must be positive and finite, got 0"},
+      {"low_freq_factor", -1.0, "'rope_scaling.low_freq_factor' must be positive and finite, got -1"},
+      {"low_freq_factor", 4.0,
+       "'rope_scaling.high_freq_factor' must be finite and greater than low_freq_factor (4), got 4"},
+      {"low_freq_factor", 5.0,
+       "'rope_scaling.high_freq_factor' must be finite and greater than low_freq_factor (5), got 4"},
+      {"high_freq_factor", 0.5,
+       "'rope_scaling.high_freq_factor' must be finite and greater than low_freq_factor (1), got 0.5"},
+      {"high_freq_factor", "4", "'rope_scaling.high_freq_factor' must be a number, got a string"},
+      {"original_max_position_embeddings", 0,
+       "'rope_scaling.original_max_position_embeddings' must be positive, got 0"},
+      {"original_max_position_embeddings", -8192,
+       "'rope_scaling.original_max_position_embeddings' must be positive, got -8192"},
+      {"original_max_position_embeddings", 8192.5,
+       "'rope_scaling.original_max_position_embeddings' must be an integer, got a floating-point number"},
+      {"original_max_position_embeddings", "8192",
+       "'rope_scaling.original_max_position_embeddings' must be an integer, got a string"},
+      {"original_max_position_embeddings", 1e12,
+       "'rope_scaling.original_max_position_embeddings' must be an integer"},
+  };
+  for (const Case& c : cases) {
+    Json j = BaseConfig();
+    j["rope_scaling"] = Llama3Scaling();
+    if (c.value.is_null()) {
+      j["rope_scaling"].erase(c.key);
+    } else {
+      j["rope_scaling"][c.key] = c.value;
+    }
+    EXPECT_THAT(Parse(j), StatusIs(kInvalid, c.error)) << c.key << " = " << c.value.dump();
+  }
+  // A present-but-null field is missing too.
+  Json j = BaseConfig();
+  j["rope_scaling"] = Llama3Scaling();
+  j["rope_scaling"]["factor"] = nullptr;
+  EXPECT_THAT(Parse(j), StatusIs(kInvalid, "'rope_scaling.factor' is missing"));
+}
+
+// config.json + generation_config.json of meta-llama/Llama-3.1-8B-Instruct as published.
+constexpr char kLlama31Config[] = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009],
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3"
+  },
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.42.3",
+  "use_cache": true,
+  "vocab_size": 128256
+})";
+constexpr char kLlama31Generation[] = R"({
+  "bos_token_id": 128000,
+  "do_sample": true,
+  "eos_token_id": [128001, 128008, 128009],
+  "temperature": 0.6,
+  "top_p": 0.9,
+  "transformers_version": "4.42.3"
+})";
+
+// meta-llama/Llama-3.2-1B-Instruct: tied embeddings, an explicit head_dim, factor 32.
+constexpr char kLlama32Config[] = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009],
+  "head_dim": 64,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 8192,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 16,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "factor": 32.0,
+    "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3"
+  },
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+})";
+constexpr char kLlama32Generation[] = R"({
+  "bos_token_id": 128000,
+  "do_sample": true,
+  "eos_token_id": [128001, 128008, 128009],
+  "temperature": 0.6,
+  "top_p": 0.9,
+  "transformers_version": "4.45.0.dev0"
+})";
+
+TEST(ModelConfigTest, Llama31Config) {
+  ASSERT_OK_AND_ASSIGN(ModelConfig cfg, ParseModelConfig(kLlama31Config, kLlama31Generation));
+  EXPECT_EQ(cfg.type, ModelType::kLlama);
+  EXPECT_EQ(cfg.hidden_size, 4096);
+  EXPECT_EQ(cfg.intermediate_size, 14336);
+  EXPECT_EQ(cfg.num_layers, 32);
+  EXPECT_EQ(cfg.num_heads, 32);
+  EXPECT_EQ(cfg.num_kv_heads, 8);
+  EXPECT_EQ(cfg.head_dim, 128);  // hidden_size / num_attention_heads
+  EXPECT_EQ(cfg.vocab_size, 128256);
+  EXPECT_EQ(cfg.max_position_embeddings, 131072);
+  EXPECT_DOUBLE_EQ(cfg.rope_theta, 500000.0);
+  EXPECT_EQ(cfg.rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_DOUBLE_EQ(cfg.rope_scaling.factor, 8.0);
+  EXPECT_DOUBLE_EQ(cfg.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(cfg.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(cfg.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_FALSE(cfg.tie_word_embeddings);
+  EXPECT_FALSE(cfg.qkv_bias);
+  EXPECT_FALSE(cfg.o_bias);
+  EXPECT_EQ(cfg.sliding_window, 0);
+  EXPECT_EQ(cfg.bos_token_id, 128000);
+  EXPECT_THAT(cfg.eos_token_ids, ElementsAre(128001, 128008, 128009));
+  EXPECT_EQ(cfg.torch_dtype, "bfloat16");
+}
+
+TEST(ModelConfigTest, Llama32Config) {
+  ASSERT_OK_AND_ASSIGN(ModelConfig cfg, ParseModelConfig(kLlama32Config, kLlama32Generation));
+  EXPECT_EQ(cfg.hidden_size, 2048);
+  EXPECT_EQ(cfg.num_layers, 16);
+  EXPECT_EQ(cfg.num_heads, 32);
+  EXPECT_EQ(cfg.num_kv_heads, 8);
+  EXPECT_EQ(cfg.head_dim, 64);
+  EXPECT_TRUE(cfg.tie_word_embeddings);
+  EXPECT_EQ(cfg.rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_DOUBLE_EQ(cfg.rope_scaling.factor, 32.0);
+  EXPECT_EQ(cfg.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(cfg.bos_token_id, 128000);
+  EXPECT_THAT(cfg.eos_token_ids, ElementsAre(128001, 128008, 128009));
+  // Without generation_config.json the ids of config.json alone.
+  ASSERT_OK_AND_ASSIGN(cfg, ParseModelConfig(kLlama32Config, ""));
+  EXPECT_THAT(cfg.eos_token_ids, ElementsAre(128001, 128008, 128009));
 }
 
 TEST(ModelConfigTest, UnsupportedModelTypeIsNamed) {
@@ -348,6 +611,25 @@ TEST(ModelConfigTest, ValidateNamesTheBadField) {
   cfg = good;
   cfg.eos_token_ids = {1, 9999};
   EXPECT_THAT(cfg.Validate(), StatusIs(kInvalid, "eos_token_id (9999)"));
+
+  // rope_scaling: only the fields of its type are checked.
+  cfg = good;
+  cfg.rope_scaling.factor = -1;  // type kNone: unused
+  EXPECT_OK(cfg.Validate());
+  cfg.rope_scaling.type = RopeScalingType::kLinear;
+  EXPECT_THAT(cfg.Validate(), StatusIs(kInvalid, "model config: field 'rope_scaling.factor'"));
+  cfg.rope_scaling.factor = 4;
+  cfg.rope_scaling.original_max_position_embeddings = 0;  // unused by linear
+  EXPECT_OK(cfg.Validate());
+  cfg.rope_scaling.type = RopeScalingType::kLlama3;
+  EXPECT_THAT(cfg.Validate(), StatusIs(kInvalid, "rope_scaling.original_max_position_embeddings"));
+  cfg.rope_scaling.original_max_position_embeddings = 64;
+  EXPECT_OK(cfg.Validate());
+  cfg.rope_scaling.high_freq_factor = std::numeric_limits<double>::infinity();
+  EXPECT_THAT(cfg.Validate(), StatusIs(kInvalid, "rope_scaling.high_freq_factor"));
+  cfg.rope_scaling.high_freq_factor = 4;
+  cfg.rope_scaling.low_freq_factor = std::nan("");
+  EXPECT_THAT(cfg.Validate(), StatusIs(kInvalid, "rope_scaling.low_freq_factor"));
 }
 
 TEST(LoadModelConfigTest, MissingConfigIsNotFoundNamingThePath) {
@@ -378,6 +660,7 @@ TEST(LoadModelConfigTest, ReadsBothFiles) {
   j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
   ::echokv::testing::WriteFileOrDie(dir + "/config.json", j.dump());
   EXPECT_THAT(LoadModelConfig(dir), StatusIs(kUnimplemented, "rope_scaling type 'dynamic'"));
+  EXPECT_THAT(LoadModelConfig(dir), StatusIs(kUnimplemented, dir + ": config.json"));
   std::filesystem::remove_all(dir);
 }
 

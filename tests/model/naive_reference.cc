@@ -34,13 +34,24 @@ Vec RmsNorm(const Vec& x, const Vec& w, double eps) {
   return y;
 }
 
+// float32 inverse frequencies: the given ones rounded, else HF's float32 recipe.
+std::vector<float> InvFreq(const model::ModelConfig& c, const std::vector<double>& given) {
+  const int half = c.head_dim / 2;
+  std::vector<float> inv(half);
+  for (int i = 0; i < half; ++i) {
+    inv[i] = !given.empty() ? static_cast<float>(given.at(i))
+                            : 1.0f / std::pow(static_cast<float>(c.rope_theta),
+                                              static_cast<float>(2 * i) / static_cast<float>(c.head_dim));
+  }
+  return inv;
+}
+
 // HF rotate_half RoPE on one head vector; angle = float32(pos * float32 inv_freq).
-void Rope(double* v, int d, int pos, double theta) {
+void Rope(double* v, int d, int pos, const std::vector<float>& inv_freq) {
   const int half = d / 2;
   std::vector<double> out(d);
   for (int i = 0; i < half; ++i) {
-    float inv = 1.0f / std::pow(static_cast<float>(theta), static_cast<float>(2 * i) / static_cast<float>(d));
-    float angle = static_cast<float>(pos) * inv;
+    float angle = static_cast<float>(pos) * inv_freq[i];
     double c = std::cos(static_cast<double>(angle)), s = std::sin(static_cast<double>(angle));
     out[i] = v[i] * c - v[i + half] * s;
     out[i + half] = v[i + half] * c + v[i] * s;
@@ -54,6 +65,11 @@ std::vector<std::vector<double>> NaiveModel::Forward(const std::vector<int>& tok
   const auto& c = config;
   const int D = c.hidden_size, H = c.num_heads, G = c.num_kv_heads, d = c.head_dim, I = c.intermediate_size;
   const int V = c.vocab_size, T = static_cast<int>(tokens.size()), r = H / G;
+  if (!rope_inv_freq.empty() && rope_inv_freq.size() != static_cast<size_t>(d / 2)) {
+    ADD_FAILURE() << "rope_inv_freq has " << rope_inv_freq.size() << " values, head_dim / 2 = " << d / 2;
+    return {};
+  }
+  const std::vector<float> inv = InvFreq(c, rope_inv_freq);
   std::vector<Vec> x(T, Vec(D));
   const Vec& emb = weights.at("model.embed_tokens.weight");
   for (int t = 0; t < T; ++t)
@@ -73,8 +89,8 @@ std::vector<std::vector<double>> NaiveModel::Forward(const std::vector<int>& tok
         for (int i = 0; i < H * d; ++i) q[t][i] += bq[i];
         for (int i = 0; i < G * d; ++i) k[t][i] += bk[i], v[t][i] += bv[i];
       }
-      for (int h2 = 0; h2 < H; ++h2) Rope(&q[t][h2 * d], d, t, c.rope_theta);
-      for (int g = 0; g < G; ++g) Rope(&k[t][g * d], d, t, c.rope_theta);
+      for (int h2 = 0; h2 < H; ++h2) Rope(&q[t][h2 * d], d, t, inv);
+      for (int g = 0; g < G; ++g) Rope(&k[t][g * d], d, t, inv);
     }
     std::vector<Vec> attn(T, Vec(H * d, 0.0));
     for (int t = 0; t < T; ++t) {
@@ -159,7 +175,21 @@ void WriteModelDir(const NaiveModel& m, const std::string& dir) {
   j["hidden_act"] = "silu";
   j["bos_token_id"] = 1;
   j["eos_token_id"] = 2;
-  j["rope_scaling"] = nullptr;
+  switch (c.rope_scaling.type) {
+    case model::RopeScalingType::kNone:
+      j["rope_scaling"] = nullptr;
+      break;
+    case model::RopeScalingType::kLinear:
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
+      break;
+    case model::RopeScalingType::kLlama3:
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", c.rope_scaling.factor},
+                           {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                           {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                           {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+      break;
+  }
   if (c.type == model::ModelType::kMistral) j["sliding_window"] = c.sliding_window;
   if (c.type == model::ModelType::kQwen2) j["use_sliding_window"] = false;
   std::ofstream(dir + "/config.json") << j.dump(2);

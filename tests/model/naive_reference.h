@@ -25,6 +25,11 @@ using NaiveMask = std::function<bool(int, int, int, int)>;
 struct NaiveModel {
   model::ModelConfig config;
   std::map<std::string, std::vector<double>> weights;  // HF name -> row-major values
+  // RoPE inverse frequencies [d/2] supplied by the test (e.g. a rope_scaling formula
+  // evaluated in double); the reference ignores config.rope_scaling. Each is rounded
+  // to float32 and angles are float32(pos * inv) as the runtime's convention.
+  // Empty: theta^(-2i/d) by HF's float32 recipe.
+  std::vector<double> rope_inv_freq;
 
   // Logits [T][V] at every position 0..T-1 for tokens at positions 0..T-1.
   std::vector<std::vector<double>> Forward(const std::vector<int>& tokens, const NaiveMask& mask) const;
@@ -33,7 +38,8 @@ struct NaiveModel {
 // Random weights (normal * scale, norms around 1) for `config`, deterministic in `seed`.
 NaiveModel MakeRandomModel(const model::ModelConfig& config, uint32_t seed);
 
-// Writes config.json and model.safetensors (float32) for `m` into `dir`.
+// Writes config.json (with m.config.rope_scaling) and model.safetensors (float32) for
+// `m` into `dir`.
 void WriteModelDir(const NaiveModel& m, const std::string& dir);
 
 // A tiny config of the given family: llama (GQA), mistral (sliding window 5),

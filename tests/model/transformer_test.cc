@@ -5,11 +5,14 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/rope.h"
+#include "nlohmann/json.hpp"
 #include "tests/model/naive_reference.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_data.h"
@@ -228,6 +231,287 @@ TEST_P(TransformerFamilyTest, RejectsBadInput) {
 INSTANTIATE_TEST_SUITE_P(Families, TransformerFamilyTest,
                          ::testing::Values(ModelType::kLlama, ModelType::kMistral, ModelType::kQwen2),
                          [](const auto& info) { return std::string(ModelTypeName(info.param)); });
+
+// ---------------------------------------------------------------------------------
+// RoPE scaling (config.json rope_scaling: llama3, linear).
+
+// Which of Llama 3's three frequency bands an inverse frequency falls in.
+enum Band { kUnchanged = 0, kSmoothed = 1, kScaled = 2 };
+
+// Llama 3's scaled inverse frequencies from the published formula, entirely in double
+// (independent of the runtime's float32 tensor arithmetic): base theta^(-2i/d),
+// wavelength 2 pi / inv; < original / high_freq_factor: unchanged; > original /
+// low_freq_factor: divided by factor; otherwise (1 - s) inv / factor + s inv with
+// s = (original / wavelength - low) / (high - low).
+std::vector<double> Llama3InvFreqDouble(int d, double theta, const RopeScaling& rs, std::vector<Band>* bands) {
+  std::vector<double> out(d / 2);
+  if (bands != nullptr) bands->assign(d / 2, kUnchanged);
+  const double original = rs.original_max_position_embeddings;
+  for (int i = 0; i < d / 2; ++i) {
+    const double inv = std::pow(theta, -2.0 * i / d);
+    const double wavelen = 2.0 * M_PI / inv;
+    Band band;
+    if (wavelen < original / rs.high_freq_factor) {
+      out[i] = inv;
+      band = kUnchanged;
+    } else if (wavelen > original / rs.low_freq_factor) {
+      out[i] = inv / rs.factor;
+      band = kScaled;
+    } else {
+      const double smooth = (original / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+      out[i] = (1.0 - smooth) * inv / rs.factor + smooth * inv;
+      band = kSmoothed;
+    }
+    if (bands != nullptr) (*bands)[i] = band;
+  }
+  return out;
+}
+
+// transformers' _compute_llama3_parameters transcribed to float32 scalar arithmetic,
+// each Python scalar rounded to float32 as torch does inside a tensor op, and
+// `2 * math.pi / inv_freq` as torch evaluates it (inv_freq.reciprocal() * 2pi).
+// `base`: the unscaled float32 frequencies.
+std::vector<float> Llama3InvFreqHfFloat32(const std::vector<float>& base, const RopeScaling& rs) {
+  const double original = rs.original_max_position_embeddings;
+  const float low_wavelen = static_cast<float>(original / rs.low_freq_factor);
+  const float high_wavelen = static_cast<float>(original / rs.high_freq_factor);
+  const float factor = static_cast<float>(rs.factor);
+  const float two_pi = static_cast<float>(2.0 * M_PI);
+  const float band = static_cast<float>(rs.high_freq_factor - rs.low_freq_factor);
+  std::vector<float> out(base.size());
+  for (size_t i = 0; i < base.size(); ++i) {
+    const float inv = base[i];
+    const float wavelen = (1.0f / inv) * two_pi;
+    const float scaled = wavelen > low_wavelen ? inv / factor : inv;
+    const float smooth = ((1.0f / wavelen) * static_cast<float>(original) - static_cast<float>(rs.low_freq_factor)) / band;
+    const float one_minus = 1.0f - smooth;
+    const float a = one_minus * scaled;
+    const float b = a / factor;
+    const float c = smooth * scaled;
+    const float smoothed = b + c;
+    const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+    out[i] = medium ? smoothed : scaled;
+  }
+  return out;
+}
+
+std::vector<float> Floats(const at::Tensor& t) {
+  at::Tensor c = t.to(at::kFloat).contiguous();
+  return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
+
+ModelConfig Llama3Config(int head_dim, double theta, double factor, double low, double high, int original) {
+  ModelConfig c = TinyConfig(ModelType::kLlama);
+  c.head_dim = head_dim;
+  c.rope_theta = theta;
+  c.rope_scaling.type = RopeScalingType::kLlama3;
+  c.rope_scaling.factor = factor;
+  c.rope_scaling.low_freq_factor = low;
+  c.rope_scaling.high_freq_factor = high;
+  c.rope_scaling.original_max_position_embeddings = original;
+  return c;
+}
+
+TEST(RopeScalingTest, NoScalingIsTheUnscaledRecipe) {
+  ModelConfig c = TinyConfig(ModelType::kLlama);
+  for (int d : {8, 64, 128}) {
+    c.head_dim = d;
+    EXPECT_EQ(Floats(ComputeRopeInvFreq(c)), Floats(kernels::RopeInvFreq(d, c.rope_theta))) << d;
+  }
+}
+
+// Llama 3.1 8B (d 128, factor 8), Llama 3.2 1B (d 64, factor 32), the tiny test model
+// of the end-to-end test below (d 8, original 128) and odd factors: the runtime's
+// frequencies equal HF's float32 recipe bit for bit, agree with the double formula to
+// float32 precision, and every band is populated (so each branch is checked).
+TEST(RopeScalingTest, Llama3InvFreqMatchesFormulaInEveryBand) {
+  const std::vector<ModelConfig> configs = {
+      Llama3Config(128, 500000.0, 8.0, 1.0, 4.0, 8192),
+      Llama3Config(64, 500000.0, 32.0, 1.0, 4.0, 8192),
+      Llama3Config(8, 10000.0, 8.0, 1.0, 4.0, 128),
+      Llama3Config(96, 1e6, 3.0, 1.5, 5.25, 3000),
+  };
+  for (const ModelConfig& c : configs) {
+    ASSERT_OK(c.Validate());
+    const std::vector<float> got = Floats(ComputeRopeInvFreq(c));
+    const std::vector<float> base = Floats(kernels::RopeInvFreq(c.head_dim, c.rope_theta));
+    std::vector<Band> bands;
+    const std::vector<double> exact = Llama3InvFreqDouble(c.head_dim, c.rope_theta, c.rope_scaling, &bands);
+    ASSERT_EQ(got.size(), exact.size());
+    EXPECT_EQ(got, Llama3InvFreqHfFloat32(base, c.rope_scaling)) << "d=" << c.head_dim;
+    int count[3] = {0, 0, 0};
+    for (size_t i = 0; i < got.size(); ++i) {
+      ++count[bands[i]];
+      // The base recipe is within 2e-6 of theta^(-2i/d) (kernels/rope_test); the
+      // scaling adds a few float32 roundings.
+      EXPECT_NEAR(got[i], exact[i], 4e-6 * exact[i]) << "d=" << c.head_dim << " i=" << i << " band " << bands[i];
+      if (bands[i] == kUnchanged) {
+        EXPECT_EQ(got[i], base[i]) << i;
+      } else if (bands[i] == kScaled) {
+        EXPECT_EQ(got[i], base[i] / static_cast<float>(c.rope_scaling.factor)) << i;
+      } else {
+        EXPECT_LT(got[i], base[i]) << i;
+        EXPECT_GT(got[i], base[i] / static_cast<float>(c.rope_scaling.factor)) << i;
+      }
+    }
+    EXPECT_GT(count[kUnchanged], 0) << "d=" << c.head_dim;
+    EXPECT_GT(count[kSmoothed], 0) << "d=" << c.head_dim;
+    EXPECT_GT(count[kScaled], 0) << "d=" << c.head_dim;
+  }
+}
+
+float FromBits(const nlohmann::json& hex) {
+  const uint32_t bits = static_cast<uint32_t>(std::stoul(hex.get<std::string>(), nullptr, 16));
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// PyTorch's own float32 results for the same formulas (testdata/make_rope_scaling_golden.py
+// runs them with torch's Python operators): ApplyRopeScaling on PyTorch's base
+// frequencies equals PyTorch's scaled ones bit for bit; ComputeRopeInvFreq (whose base
+// pow may round differently by an ulp on another CPU's vector width) to 1e-6.
+TEST(RopeScalingTest, MatchesPyTorchGolden) {
+  const nlohmann::json golden = nlohmann::json::parse(testing::ReadFileOrDie(ECHOKV_ROPE_GOLDEN));
+  ASSERT_GE(golden.at("cases").size(), 7u);
+  for (const nlohmann::json& g : golden.at("cases")) {
+    ModelConfig c = TinyConfig(ModelType::kLlama);
+    c.head_dim = g.at("head_dim").get<int>();
+    c.rope_theta = g.at("rope_theta").get<double>();
+    const nlohmann::json& rs = g.at("rope_scaling");
+    c.rope_scaling.factor = rs.at("factor").get<double>();
+    if (rs.at("rope_type") == "llama3") {
+      c.rope_scaling.type = RopeScalingType::kLlama3;
+      c.rope_scaling.low_freq_factor = rs.at("low_freq_factor").get<double>();
+      c.rope_scaling.high_freq_factor = rs.at("high_freq_factor").get<double>();
+      c.rope_scaling.original_max_position_embeddings = rs.at("original_max_position_embeddings").get<int>();
+    } else {
+      c.rope_scaling.type = RopeScalingType::kLinear;
+    }
+    ASSERT_OK(c.Validate());
+    std::vector<float> base, want;
+    for (const auto& h : g.at("base_inv_freq_bits")) base.push_back(FromBits(h));
+    for (const auto& h : g.at("inv_freq_bits")) want.push_back(FromBits(h));
+    ASSERT_EQ(base.size(), static_cast<size_t>(c.head_dim / 2));
+    ASSERT_EQ(want.size(), base.size());
+    const at::Tensor base_t = at::tensor(base, at::kFloat);
+    EXPECT_EQ(Floats(ApplyRopeScaling(base_t, c.rope_scaling)), want) << g.at("name");
+    const std::vector<float> full = Floats(ComputeRopeInvFreq(c));
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(full[i], want[i], 1e-6 * want[i]) << g.at("name") << " " << i;
+  }
+}
+
+TEST(RopeScalingTest, LinearDividesTheFrequenciesByTheFactor) {
+  ModelConfig c = TinyConfig(ModelType::kLlama);
+  c.head_dim = 64;
+  c.rope_scaling.type = RopeScalingType::kLinear;
+  for (double factor : {1.0, 2.0, 2.5, 7.0}) {
+    c.rope_scaling.factor = factor;
+    const std::vector<float> got = Floats(ComputeRopeInvFreq(c));
+    const std::vector<float> base = Floats(kernels::RopeInvFreq(c.head_dim, c.rope_theta));
+    for (int i = 0; i < c.head_dim / 2; ++i) {
+      EXPECT_EQ(got[i], base[i] / static_cast<float>(factor)) << i;  // HF: inv_freq /= factor
+      const double exact = std::pow(c.rope_theta, -2.0 * i / c.head_dim) / factor;
+      EXPECT_NEAR(got[i], exact, 4e-6 * exact) << i;
+    }
+  }
+}
+
+// A tiny random llama with rope_scaling against the float64 reference given the
+// scaled frequencies computed by the formula in double, at positions 0..159, past
+// original_max_position_embeddings (128) and both band thresholds (wavelengths
+// 32 and 128; the model's four frequencies have wavelengths 6.3, 63, 628, 6283: one
+// unchanged, one smoothed, two scaled for llama3).
+class ScaledRopeTransformerTest : public ::testing::TestWithParam<RopeScalingType> {
+ protected:
+  void SetUp() override {
+    ModelConfig c = TinyConfig(ModelType::kLlama);
+    c.max_position_embeddings = 1024;
+    c.rope_scaling.type = GetParam();
+    if (GetParam() == RopeScalingType::kLlama3) {
+      c.rope_scaling.factor = 8.0;
+      c.rope_scaling.low_freq_factor = 1.0;
+      c.rope_scaling.high_freq_factor = 4.0;
+      c.rope_scaling.original_max_position_embeddings = 128;
+      exact_ = Llama3InvFreqDouble(c.head_dim, c.rope_theta, c.rope_scaling, &bands_);
+    } else {
+      c.rope_scaling.factor = 2.5;
+      for (int i = 0; i < c.head_dim / 2; ++i) exact_.push_back(std::pow(c.rope_theta, -2.0 * i / c.head_dim) / 2.5);
+    }
+    ref_ = MakeRandomModel(c, 4321);
+    ref_.rope_inv_freq = exact_;
+    dir_ = testing::MakeTempDir("echokv_scaled_rope_");
+    testing::WriteModelDir(ref_, dir_);
+    auto m = Transformer::Load(dir_, DeviceOptions());
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+  }
+  std::vector<double> exact_;  // [d/2] the scaled frequencies, double
+  std::vector<Band> bands_;    // llama3 only
+  NaiveModel ref_;
+  std::string dir_;
+  std::unique_ptr<Transformer> model_;
+};
+
+TEST_P(ScaledRopeTransformerTest, LoadsTheScalingFromConfigJson) {
+  EXPECT_EQ(model_->config().rope_scaling.type, GetParam());
+  const std::vector<float> inv = Floats(model_->RopeInvFreq());
+  for (size_t i = 0; i < exact_.size(); ++i) EXPECT_NEAR(inv[i], exact_[i], 4e-6 * exact_[i]) << i;
+  if (GetParam() == RopeScalingType::kLlama3) {
+    EXPECT_EQ(bands_, (std::vector<Band>{kUnchanged, kSmoothed, kScaled, kScaled}));
+  }
+}
+
+TEST_P(ScaledRopeTransformerTest, MatchesReferencePastTheOriginalContext) {
+  const int T = 160;
+  const std::vector<int> tokens = Tokens(T, ref_.config.vocab_size, 7);
+  const auto expected = ref_.Forward(tokens, nullptr);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(T));
+  KvCache cache = model_->NewCache();
+  ForwardOptions fo;
+  fo.chunk_size = 48;
+  const int prefill = 120;
+  ASSERT_OK_AND_ASSIGN(ForwardResult pre, model_->Forward(absl::MakeConstSpan(tokens.data(), prefill), &cache, fo));
+  EXPECT_LT(MaxAbsDiff(pre.logits, expected[prefill - 1]), kTol);
+  at::Tensor last;
+  for (int t = prefill; t < T; ++t) {
+    ASSERT_OK_AND_ASSIGN(DecodeResult step, model_->Decode(tokens[t], &cache));
+    EXPECT_LT(MaxAbsDiff(step.logits, expected[t]), kTol) << "position " << t;
+    last = step.logits;
+  }
+  // The comparison can fail: the reference with any one frequency wrong (a scaled or
+  // smoothed one left unscaled, the unchanged one scaled, or linear not applied) is
+  // far outside the tolerance at the last position.
+  const std::vector<float> base = Floats(kernels::RopeInvFreq(ref_.config.head_dim, ref_.config.rope_theta));
+  for (size_t i = 0; i < exact_.size(); ++i) {
+    NaiveModel wrong = ref_;
+    const bool was_base = static_cast<float>(exact_[i]) == base[i];
+    wrong.rope_inv_freq[i] = was_base ? base[i] / ref_.config.rope_scaling.factor : base[i];
+    const auto off = wrong.Forward(tokens, nullptr);
+    EXPECT_GT(MaxAbsDiff(last, off[T - 1]), 100 * kTol) << "frequency " << i;
+  }
+}
+
+// Keys stay post-RoPE at their original positions: an anchor query rotated with the
+// model's (scaled) frequencies to a position past the original context equals the
+// query the model computed there (what EchoKV's proposals rely on).
+TEST_P(ScaledRopeTransformerTest, AnchorRotatedWithScaledFrequenciesEqualsTheQuery) {
+  const int T = 150;
+  const std::vector<int> tokens = Tokens(T, ref_.config.vocab_size, 8);
+  KvCache cache = model_->NewCache();
+  ForwardOptions fo;
+  fo.return_anchor_queries = true;
+  fo.keep_last_queries = 1;
+  ASSERT_OK_AND_ASSIGN(ForwardResult r, model_->Forward(tokens, &cache, fo));
+  for (int l = 0; l < ref_.config.num_layers; ++l) {
+    at::Tensor rotated = kernels::RotateToPositions(r.anchor_queries[l], {T - 1}, model_->RopeInvFreq());
+    EXPECT_LT(MaxAbsDiff(rotated.select(1, 0), r.queries[l].select(1, 0)), 1e-5);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, ScaledRopeTransformerTest,
+                         ::testing::Values(RopeScalingType::kLlama3, RopeScalingType::kLinear),
+                         [](const auto& info) { return std::string(RopeScalingTypeName(info.param)); });
 
 TEST(DeviceOptionsTest, ValidateNamesTheField) {
   DeviceOptions d;

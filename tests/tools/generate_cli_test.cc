@@ -1,5 +1,7 @@
 // echokv-generate as a user runs it: JSON shape, agreement with the library on
 // stories260K, and flag errors that name the field (non-zero exit, stderr).
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -73,6 +75,47 @@ TEST_F(GenerateCliTest, CompressionReportAndRetainedDump) {
   EXPECT_EQ(j.at("output_ids").size(), 8u);
 }
 
+// --logprobs reports raw log-probabilities: at the first step they are log_softmax of
+// the logits after the prompt, which llama2.c recorded independently (golden
+// final_prompt_logits, float32, ~1e-4). Sampling options do not change them.
+TEST_F(GenerateCliTest, LogprobsAreTheModelsAgainstLlama2cLogits) {
+  const nlohmann::json golden =
+      nlohmann::json::parse(testing::ReadFileOrDie(model_ + "/golden_public.json"));
+  const auto& c = golden.at("cases").at(1);
+  const std::vector<double> logits = c.at("final_prompt_logits").get<std::vector<double>>();
+  double mx = -1e300, sum = 0;
+  for (double l : logits) mx = std::max(mx, l);
+  for (double l : logits) sum += std::exp(l - mx);
+  const double lse = mx + std::log(sum);
+  std::vector<int> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  const std::string prompt = " --prompt '" + c.at("prompt").get<std::string>() + "' --max-tokens 3 --json --logprobs --top-logprobs 5";
+  for (const std::string& options : {std::string(""), std::string(" --temperature 0.7 --seed 5 --top-k 3 --repetition-penalty 1.5 --presence-penalty 1")}) {
+    testing::CommandResult r = RunCli("--model " + model_ + prompt + options);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    const auto& lp = j.at("logprobs");
+    ASSERT_EQ(lp.size(), 3u) << options;
+    const int first = lp[0].at("token").get<int>();
+    EXPECT_EQ(first, j.at("output_ids")[0].get<int>());
+    EXPECT_NEAR(lp[0].at("logprob").get<double>(), logits[first] - lse, 2e-4) << options;
+    const auto& top = lp[0].at("top_logprobs");
+    ASSERT_EQ(top.size(), 5u);
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_EQ(top[i].at("token").get<int>(), order[i]) << options << " rank " << i;
+      EXPECT_NEAR(top[i].at("logprob").get<double>(), logits[order[i]] - lse, 2e-4) << options << " rank " << i;
+    }
+    if (options.empty()) {  // greedy: the golden continuation
+      EXPECT_EQ(first, c.at("generated_ids")[0].get<int>());
+    }
+  }
+  // Without --logprobs the field is absent.
+  testing::CommandResult plain = RunCli("--model " + model_ + " --prompt 'Once' --max-tokens 2 --json");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_FALSE(nlohmann::json::parse(plain.out).contains("logprobs"));
+}
+
 TEST_F(GenerateCliTest, BadFlagsNameTheField) {
   struct Case {
     std::string flags;
@@ -86,6 +129,8 @@ TEST_F(GenerateCliTest, BadFlagsNameTheField) {
       {"--policy echokv --budget 0", "budget"},
       {"--max-tokens 0", "max-tokens"},
       {"--temperature -1", "temperature"},
+      {"--repetition-penalty 0", "repetition_penalty"},  // the other ranges: model_sampler_test
+      {"--top-logprobs 2", "needs logprobs"},
       {"--repair maybe", "repair"},
       {"--prompt-ids 1,x", "prompt-ids"},
       {"--prompt-ids 1,99999", "token id 99999"},

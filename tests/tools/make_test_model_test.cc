@@ -3,6 +3,7 @@
 // byte-identical for the same options, and bad options are rejected by name.
 #include "tools/make_test_model.h"
 
+#include <ATen/ATen.h>
 #include <sys/wait.h>
 
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
+#include "model/transformer.h"
 #include "model/weights.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_data.h"
@@ -201,6 +203,60 @@ TEST(MakeTestModelTest, TiedEmbeddingsAndLargeVocab) {
   EXPECT_EQ(decoded, "Once upon a time");
 }
 
+// Llama 3.1/3.2-style checkpoints (rope_scaling llama3, tied embeddings) and linear
+// scaling load through the real loaders, and the model uses the scaled frequencies.
+TEST(MakeTestModelTest, RopeScalingLlama3AndLinear) {
+  TestModelOptions o;
+  o.arch = "llama";
+  o.tie_word_embeddings = true;
+  o.max_pos = 2048;
+  o.rope_scaling = "llama3";
+  o.rope_factor = 32;
+  o.rope_low_freq_factor = 1;
+  o.rope_high_freq_factor = 4;
+  o.rope_original_max_pos = 256;
+  ScratchDir scratch("make_test_model_llama3");
+  o.out_dir = scratch.path();
+  ASSERT_THAT(MakeTestModel(o), IsOk());
+  const std::string text = ReadFileOrDie(o.out_dir + "/config.json");
+  EXPECT_THAT(text, ::testing::HasSubstr("\"rope_type\": \"llama3\""));
+  ASSERT_OK_AND_ASSIGN(model::ModelConfig cfg, model::LoadModelConfig(o.out_dir));
+  EXPECT_EQ(cfg.rope_scaling.type, model::RopeScalingType::kLlama3);
+  EXPECT_EQ(cfg.rope_scaling.factor, 32.0);
+  EXPECT_EQ(cfg.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(cfg.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(cfg.rope_scaling.original_max_position_embeddings, 256);
+  EXPECT_TRUE(cfg.tie_word_embeddings);
+  ASSERT_OK_AND_ASSIGN(auto m, model::Transformer::Load(o.out_dir, model::DeviceOptions()));
+  at::Tensor inv = m->RopeInvFreq();
+  EXPECT_TRUE(inv.equal(model::ComputeRopeInvFreq(cfg)));
+  // d = 16, theta 1e4: the last frequency (wavelength ~19000 > 256) is divided by 32.
+  model::ModelConfig plain = cfg;
+  plain.rope_scaling = model::RopeScaling();
+  at::Tensor base = model::ComputeRopeInvFreq(plain);
+  EXPECT_EQ(inv[0].item<float>(), base[0].item<float>());
+  EXPECT_EQ(inv[7].item<float>(), base[7].item<float>() / 32.0f);
+
+  for (const char* arch : {"llama", "mistral", "qwen2"}) {
+    TestModelOptions l;
+    l.arch = arch;
+    l.rope_scaling = "linear";
+    l.rope_factor = 4;
+    ScratchDir dir(std::string("make_test_model_linear_") + arch);
+    l.out_dir = dir.path();
+    ASSERT_THAT(MakeTestModel(l), IsOk());
+    ASSERT_OK_AND_ASSIGN(model::ModelConfig lc, model::LoadModelConfig(l.out_dir));
+    EXPECT_EQ(lc.rope_scaling.type, model::RopeScalingType::kLinear) << arch;
+    EXPECT_EQ(lc.rope_scaling.factor, 4.0) << arch;
+  }
+  // Without the option: rope_scaling null (mistral: absent), as before.
+  TestModelOptions n;
+  ScratchDir dir_n("make_test_model_norope");
+  n.out_dir = dir_n.path();
+  ASSERT_THAT(MakeTestModel(n), IsOk());
+  EXPECT_THAT(ReadFileOrDie(n.out_dir + "/config.json"), ::testing::HasSubstr("\"rope_scaling\": null"));
+}
+
 TEST(MakeTestModelTest, BadOptionsNameTheField) {
   TestModelOptions o;
   ScratchDir scratch("make_test_model_bad");
@@ -238,6 +294,28 @@ TEST(MakeTestModelTest, BadOptionsNameTheField) {
   b = o;
   b.rms_norm_eps = -1;
   expect_bad(b, "rms_norm_eps");
+  b = o;
+  b.rope_scaling = "yarn";
+  expect_bad(b, "rope_scaling must be empty, linear or llama3");
+  b = o;
+  b.rope_scaling = "linear";
+  b.rope_factor = 0.5;
+  expect_bad(b, "rope_factor");
+  b = o;
+  b.rope_scaling = "llama3";
+  b.rope_original_max_pos = 0;
+  expect_bad(b, "rope_original_max_pos");
+  b.rope_original_max_pos = b.max_pos + 1;
+  expect_bad(b, "rope_original_max_pos");
+  b.rope_original_max_pos = 64;
+  EXPECT_THAT(b.Validate(), IsOk());
+  b.rope_low_freq_factor = 0;
+  expect_bad(b, "rope_low_freq_factor");
+  b.rope_low_freq_factor = 4;
+  expect_bad(b, "rope_high_freq_factor");
+  b.rope_low_freq_factor = 1;
+  b.rope_high_freq_factor = std::nan("");
+  expect_bad(b, "rope_high_freq_factor");
   b = o;
   b.hidden = 16384;
   b.intermediate = 65536;
@@ -284,6 +362,27 @@ TEST(MakeTestModelCliTest, WritesAndReports) {
   std::string no_out;
   EXPECT_NE(RunCommand(std::string(ECHOKV_MAKE_TEST_MODEL_BIN) + " --arch llama", &no_out), 0);
   EXPECT_THAT(no_out, ::testing::HasSubstr("--out"));
+
+  // rope_scaling flags reach config.json.
+  std::string rope_output;
+  EXPECT_EQ(RunCommand(std::string(ECHOKV_MAKE_TEST_MODEL_BIN) + " --out " + dir +
+                           "/r --rope_scaling llama3 --rope_factor 16 --rope_low_freq_factor 2"
+                           " --rope_high_freq_factor 6 --rope_original_max_pos 512",
+                       &rope_output),
+            0)
+      << rope_output;
+  ASSERT_OK_AND_ASSIGN(model::ModelConfig cfg, model::LoadModelConfig(dir + "/r"));
+  EXPECT_EQ(cfg.rope_scaling.type, model::RopeScalingType::kLlama3);
+  EXPECT_EQ(cfg.rope_scaling.factor, 16.0);
+  EXPECT_EQ(cfg.rope_scaling.low_freq_factor, 2.0);
+  EXPECT_EQ(cfg.rope_scaling.high_freq_factor, 6.0);
+  EXPECT_EQ(cfg.rope_scaling.original_max_position_embeddings, 512);
+  std::string bad_rope;
+  EXPECT_NE(RunCommand(std::string(ECHOKV_MAKE_TEST_MODEL_BIN) + " --out " + dir +
+                           "/r2 --rope_scaling llama3",
+                       &bad_rope),
+            0);
+  EXPECT_THAT(bad_rope, ::testing::HasSubstr("rope_original_max_pos"));
 }
 
 }  // namespace
