@@ -820,7 +820,7 @@ void Engine::Impl::AdmitGenerate(std::unique_ptr<Stream> s) {
     return s->Finish(data.status());
   }
   try {
-    s->Begin((*data)->hot.Clone(), (*data)->last_logits, meta->tokens_seen, eos_ids, tokenizer.get());
+    s->Begin((*data)->hot.Clone(), (*data)->last_logits, (*data)->tokens, eos_ids, tokenizer.get());
   } catch (const std::exception& e) {
     if (p.commit) store->Release(p.session_id);
     return s->Finish(absl::InternalError(absl::StrCat("copying the session cache: ", e.what())));

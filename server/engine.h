@@ -171,6 +171,8 @@ struct GenerateParams {
 struct GenerateDelta {
   std::string text;      // complete UTF-8 characters only
   std::vector<int> ids;  // the tokens sampled since the previous delta
+  // sampling.logprobs: one per id, in order (raw log-softmax; top alternatives).
+  std::vector<model::SampledToken> logprobs;
 };
 
 enum class FinishReason { kLength, kEos, kStopToken, kStopString };

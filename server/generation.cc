@@ -33,12 +33,12 @@ Stream::Stream(uint64_t id, GenerateParams params, CancelFlag cancel, StreamSink
       done_(std::move(done)),
       admitted_(admitted) {}
 
-void Stream::Begin(model::KvCache cache, at::Tensor logits, int64_t prompt_tokens, std::vector<int> eos_ids,
+void Stream::Begin(model::KvCache cache, at::Tensor logits, absl::Span<const int> history, std::vector<int> eos_ids,
                    const model::Tokenizer* tokenizer) {
   cache_ = std::move(cache);
   logits_ = logits.to(at::kFloat).contiguous();
-  prompt_tokens_ = prompt_tokens;
-  sampler_ = std::make_unique<model::Sampler>(params_.sampling);
+  prompt_tokens_ = static_cast<int64_t>(history.size());
+  sampler_ = std::make_unique<model::Sampler>(params_.sampling, history);
   stop_.max_tokens = params_.max_tokens;
   if (!params_.ignore_eos) stop_.eos_ids = std::move(eos_ids);
   stop_.stop_ids = params_.stop_ids;
@@ -53,8 +53,9 @@ void Stream::SetLogits(at::Tensor logits) {
 }
 
 absl::StatusOr<bool> Stream::Emit(absl::Time now, EngineObserver* observer) {
-  const int token = sampler_->Sample(
-      absl::MakeConstSpan(logits_.data_ptr<float>(), static_cast<size_t>(logits_.numel())));
+  model::SampledToken sampled =
+      sampler_->Next(absl::MakeConstSpan(logits_.data_ptr<float>(), static_cast<size_t>(logits_.numel())));
+  const int token = sampled.token;
   const model::StopReason stop = stop_.Check(token, static_cast<int>(generated_.size()) + 1);
   bool finished = false;
   switch (stop) {
@@ -86,6 +87,7 @@ absl::StatusOr<bool> Stream::Emit(absl::Time now, EngineObserver* observer) {
     if (!text.ok()) return text.status();
     held_ += *text;
     delta.ids.push_back(token);
+    if (params_.sampling.logprobs) delta.logprobs.push_back(std::move(sampled));
     // Stop strings: emit up to the first match and finish, else hold back any tail
     // that could begin one.
     size_t cut = std::string::npos;

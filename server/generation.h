@@ -31,7 +31,8 @@ class Stream {
          absl::Time admitted);
 
   // Starts from the session's hot tier copy and next-token logits ([V] float32 CPU).
-  void Begin(model::KvCache cache, at::Tensor logits, int64_t prompt_tokens, std::vector<int> eos_ids,
+  // `history`: every token the session holds (repetition_penalty reads it).
+  void Begin(model::KvCache cache, at::Tensor logits, absl::Span<const int> history, std::vector<int> eos_ids,
              const model::Tokenizer* tokenizer);
 
   uint64_t id() const { return id_; }

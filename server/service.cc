@@ -478,6 +478,12 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* EchoKvService::Generate(grpc::Ca
   if (sp.has_top_p()) p.sampling.top_p = sp.top_p();
   if (sp.has_top_k()) p.sampling.top_k = sp.top_k();
   if (sp.has_seed()) p.sampling.seed = sp.seed();
+  if (sp.has_min_p()) p.sampling.min_p = sp.min_p();
+  if (sp.has_repetition_penalty()) p.sampling.repetition_penalty = sp.repetition_penalty();
+  if (sp.has_presence_penalty()) p.sampling.presence_penalty = sp.presence_penalty();
+  if (sp.has_frequency_penalty()) p.sampling.frequency_penalty = sp.frequency_penalty();
+  p.sampling.logprobs = sp.logprobs();
+  if (sp.has_top_logprobs()) p.sampling.top_logprobs = sp.top_logprobs();
   p.stop.assign(request->stop().begin(), request->stop().end());
   p.stop_ids.assign(request->stop_token_ids().begin(), request->stop_token_ids().end());
   p.ignore_eos = request->ignore_eos();
@@ -487,6 +493,16 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* EchoKvService::Generate(grpc::Ca
     pb::GenerateResponse msg;
     msg.set_text(std::move(d.text));
     for (int id : d.ids) msg.add_token_ids(id);
+    for (const model::SampledToken& t : d.logprobs) {
+      pb::TokenLogprob* lp = msg.add_logprobs();
+      lp->set_token_id(t.token);
+      lp->set_logprob(t.logprob);
+      for (const model::TokenLogprob& alt : t.top_logprobs) {
+        pb::TokenLogprob::Alternative* a = lp->add_top();
+        a->set_token_id(alt.token);
+        a->set_logprob(alt.logprob);
+      }
+    }
     reactor->Push(std::move(msg));
   };
   sink.backlog = [reactor] { return reactor->Backlog(); };

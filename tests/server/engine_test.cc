@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <future>
 #include <map>
 #include <memory>
@@ -337,6 +338,40 @@ TEST(EngineStreamTest, AReaderThatNeverReadsIsSkippedAndOthersFinish) {
   drain.join();
   EXPECT_THAT(st, IsOk());
   EXPECT_EQ(stuck_ids->load(), 300);
+}
+
+TEST(EngineStreamTest, LogprobsComeWithEveryTokenGreedyIsTheTopAlternative) {
+  Harness h(EngineConfig{});
+  absl::StatusOr<SessionInfo> s = h.Create(Prompt(30, 1), Policy(compression::PolicyKind::kSnapKv));
+  ASSERT_THAT(s.status(), IsOk());
+  GenerateParams p = Params(s->id, 8, 0, false);
+  p.sampling.logprobs = true;
+  p.sampling.top_logprobs = 3;
+  std::vector<int> ids;
+  std::vector<model::SampledToken> lps;
+  std::promise<absl::Status> done;
+  StreamSink sink;
+  sink.on_delta = [&](GenerateDelta d) {
+    ids.insert(ids.end(), d.ids.begin(), d.ids.end());
+    lps.insert(lps.end(), d.logprobs.begin(), d.logprobs.end());
+  };
+  h.engine().Generate(p, nullptr, sink, [&](absl::StatusOr<GenerateSummary> r) { done.set_value(r.status()); });
+  ASSERT_THAT(done.get_future().get(), IsOk());
+  ASSERT_EQ(ids.size(), 8u);
+  ASSERT_EQ(lps.size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(lps[i].token, ids[i]);
+    ASSERT_EQ(lps[i].top_logprobs.size(), 3u);
+    EXPECT_EQ(lps[i].top_logprobs[0].token, ids[i]);  // greedy picks the most likely
+    EXPECT_FLOAT_EQ(lps[i].top_logprobs[0].logprob, lps[i].logprob);
+    double mass = 0;
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_LE(lps[i].top_logprobs[k].logprob, 0.0f);
+      if (k > 0) EXPECT_LE(lps[i].top_logprobs[k].logprob, lps[i].top_logprobs[k - 1].logprob);
+      mass += std::exp(lps[i].top_logprobs[k].logprob);
+    }
+    EXPECT_LE(mass, 1.0 + 1e-5);
+  }
 }
 
 // ---- health ----
