@@ -91,6 +91,7 @@ struct ActiveJob {
   DoneFn<CompressOutcome> compress_done;                  // compress
   std::unique_ptr<Stream> stream;                         // commit: the finished stream
   GenerateSummary summary;                                // commit
+  std::vector<model::ChatMessage> new_messages;           // chat input / the committed reply
   absl::Time admitted;
 };
 
@@ -208,6 +209,7 @@ SessionInfo Engine::Impl::Info(const SessionMeta& m) const {
   info.last_used = m.last_used;
   info.ttl = m.ttl;
   info.busy = m.busy;
+  info.messages = m.messages;
   return info;
 }
 
@@ -583,6 +585,8 @@ void Engine::Impl::FinishStream(std::unique_ptr<Stream> s) {
   }
   j->turn = std::move(*turn);
   j->summary = std::move(summary);
+  // A chat session remembers the reply as the assistant's message.
+  if (!meta->messages.empty()) j->new_messages.push_back(model::ChatMessage{"assistant", s->text()});
   j->stream = std::move(s);
   jobs.push_back(std::move(j));
 }
@@ -634,6 +638,7 @@ void Engine::Impl::CompleteJob(ActiveJob& j) {
       SessionMeta meta = MetaFor(*data, t.report(), t.spec().memory);
       meta.created = meta.last_used = clock->Now();
       meta.ttl = j.ttl.value_or(config.limits.session_ttl);
+      meta.messages = std::move(j.new_messages);
       const std::string id = j.reservation->id;
       if (absl::Status s = store->Insert(*j.reservation, meta, std::move(data)); !s.ok()) {
         Reject(s);
@@ -651,7 +656,11 @@ void Engine::Impl::CompleteJob(ActiveJob& j) {
       std::shared_ptr<SessionData> data = t.TakeSessionData();
       SessionMeta meta = MetaFor(*data, t.report(), t.spec().memory);
       absl::StatusOr<SessionMeta> old = store->Get(j.session_id, j.caller.tenant, false);
-      if (old.ok()) meta.ttl = old->ttl;
+      if (old.ok()) {
+        meta.ttl = old->ttl;
+        meta.messages = old->messages;
+        meta.messages.insert(meta.messages.end(), j.new_messages.begin(), j.new_messages.end());
+      }
       absl::Status s = old.ok() ? store->Commit(j.session_id, meta, std::move(data)) : old.status();
       if (!s.ok()) {
         Reject(s);
@@ -759,6 +768,7 @@ void Engine::Impl::AdmitCreate(std::shared_ptr<CreateRequest> req, CancelFlag ca
   j->caller = req->caller;
   j->reservation = *r;
   j->ttl = req->ttl;
+  if (req->input.kind == InputSpec::Kind::kChat) j->new_messages = req->input.chat;
   j->session_done = std::move(done);
   j->admitted = admitted;
   jobs.push_back(std::move(j));
@@ -794,6 +804,7 @@ void Engine::Impl::AdmitAppend(std::shared_ptr<AppendRequest> req, CancelFlag ca
   j->session_id = req->session_id;
   j->session_done = std::move(done);
   j->admitted = admitted;
+  if (req->input.kind == InputSpec::Kind::kChat) j->new_messages = req->input.chat;
   jobs.push_back(std::move(j));
 }
 

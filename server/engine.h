@@ -129,6 +129,7 @@ struct SessionInfo {
   absl::Time last_used;
   absl::Duration ttl;
   bool busy = false;
+  std::vector<model::ChatMessage> messages;  // chat sessions: the conversation so far
 };
 
 struct ProgressEvent {

@@ -118,6 +118,7 @@ absl::StatusOr<bool> Stream::Emit(absl::Time now, EngineObserver* observer) {
     delta.text += held_;
     held_.clear();
   }
+  text_ += delta.text;
   if ((!delta.text.empty() || !delta.ids.empty()) && sink_.on_delta) sink_.on_delta(std::move(delta));
   return finished;
 }

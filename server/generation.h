@@ -55,6 +55,8 @@ class Stream {
   // Every sampled token (no eos/stop id), and the id that stopped it (-1 if none).
   const std::vector<int>& generated() const { return generated_; }
   int stop_token() const { return stop_token_; }
+  // Every piece of text sent in deltas, concatenated.
+  const std::string& text() const { return text_; }
   GenerateSummary Summary(absl::Time now) const;
 
   // Ends the call (runs `done` once).
@@ -75,6 +77,7 @@ class Stream {
   std::vector<int> generated_;                          // every sampled token (no eos/stop id)
   int stop_token_ = -1;                                 // the eos / stop id that ended it
   std::string held_;                                    // text withheld: may start a stop string
+  std::string text_;                                    // all text sent so far
   FinishReason reason_ = FinishReason::kLength;
   int64_t prompt_tokens_ = 0;                           // session tokens when admitted
   absl::Time admitted_;

@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "compression/config.h"
 #include "compression/report.h"
+#include "model/chat_template.h"
 #include "server/clock.h"
 
 namespace echokv::server {
@@ -62,6 +63,9 @@ struct SessionMeta {
   absl::Time last_used;                        // the idle timer starts here
   absl::Duration ttl;                          // idle expiry
   bool busy = false;                           // a mutation holds the session
+  // Chat sessions: every message so far, in order (what was sent as chat input, and
+  // the assistant replies committed by Generate). Empty for text / token sessions.
+  std::vector<model::ChatMessage> messages;
 };
 
 // Totals over live sessions (ServerInfo, metrics).

@@ -67,12 +67,13 @@ std::vector<int> Prompt(int length, int salt) {
 
 class Harness {
  public:
-  explicit Harness(const EngineConfig& config, const std::string& arch = "llama") {
+  explicit Harness(const EngineConfig& config, const std::string& arch = "llama",
+                   std::optional<model::ChatTemplate> chat = std::nullopt) {
     const Loaded& m = TinyModel(arch);
     EngineConfig c = config;
     c.model_dir = m.dir;
     absl::StatusOr<std::unique_ptr<Engine>> e =
-        Engine::CreateWithModel(c, m.model, m.tokenizer, std::nullopt, nullptr, &clock_);
+        Engine::CreateWithModel(c, m.model, m.tokenizer, chat, nullptr, &clock_);
     EXPECT_THAT(e.status(), IsOk());
     engine_ = std::move(*e);
   }
@@ -372,6 +373,44 @@ TEST(EngineStreamTest, LogprobsComeWithEveryTokenGreedyIsTheTopAlternative) {
     }
     EXPECT_LE(mass, 1.0 + 1e-5);
   }
+}
+
+TEST(EngineChatTest, ChatSessionsRememberTheConversationIncludingCommittedReplies) {
+  model::ChatTemplate llama2;  // the tiny model's tokenizer has no ChatML tokens
+  llama2.family = model::ChatTemplateFamily::kLlama2;
+  Harness h(EngineConfig{}, "llama", llama2);
+  CreateRequest r;
+  r.input.kind = InputSpec::Kind::kChat;
+  r.input.chat = {{"system", "be brief"}, {"user", "hello there"}};
+  r.config = Policy(compression::PolicyKind::kSnapKv);
+  std::promise<absl::StatusOr<SessionInfo>> created;
+  h.engine().CreateSession(r, nullptr, nullptr, [&](absl::StatusOr<SessionInfo> s) { created.set_value(s); });
+  absl::StatusOr<SessionInfo> s = created.get_future().get();
+  ASSERT_THAT(s.status(), IsOk());
+  ASSERT_EQ(s->messages.size(), 2u);
+  GenerateParams p = Params(s->id, 6, 0, false);
+  p.commit = true;
+  std::string text;
+  std::promise<absl::StatusOr<GenerateSummary>> gen;
+  StreamSink sink;
+  sink.on_delta = [&](GenerateDelta d) { text += d.text; };
+  h.engine().Generate(p, nullptr, sink, [&](absl::StatusOr<GenerateSummary> g) { gen.set_value(g); });
+  absl::StatusOr<GenerateSummary> g = gen.get_future().get();
+  ASSERT_THAT(g.status(), IsOk());
+  ASSERT_TRUE(g->session.has_value());
+  ASSERT_EQ(g->session->messages.size(), 3u);
+  EXPECT_EQ(g->session->messages[2].role, "assistant");
+  EXPECT_EQ(g->session->messages[2].content, text);
+  AppendRequest a;
+  a.session_id = s->id;
+  a.input.kind = InputSpec::Kind::kChat;
+  a.input.chat = {{"user", "and then?"}};
+  std::promise<absl::StatusOr<SessionInfo>> appended;
+  h.engine().AppendToSession(a, nullptr, nullptr, [&](absl::StatusOr<SessionInfo> x) { appended.set_value(x); });
+  absl::StatusOr<SessionInfo> after = appended.get_future().get();
+  ASSERT_THAT(after.status(), IsOk());
+  ASSERT_EQ(after->messages.size(), 4u);
+  EXPECT_EQ(after->messages[3].content, "and then?");
 }
 
 // ---- health ----
