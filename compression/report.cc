@@ -1,5 +1,7 @@
 #include "compression/report.h"
 
+#include "absl/strings/str_cat.h"
+
 #include <string>
 
 #include "nlohmann/json.hpp"
@@ -59,6 +61,47 @@ std::string ReportToJson(const CompressionReport& report) {
   j["overlap_w2_final"] = report.overlap_w2_final;
   j["lookahead_tokens"] = report.lookahead_tokens;
   return j.dump();
+}
+
+absl::StatusOr<CompressionReport> ReportFromJson(absl::string_view json) {
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("report: not a JSON object");
+  CompressionReport r;
+  try {
+    CompressionConfig& c = r.config;
+    auto policy = ParsePolicyKind(j.at("policy").get<std::string>());
+    if (!policy.ok()) return policy.status();
+    c.policy = *policy;
+    c.budget = j.at("budget").get<int>();
+    c.lookahead = j.at("lookahead").get<int>();
+    c.workspace = j.at("workspace").get<int>();
+    c.stage2_window = j.at("stage2_window").get<int>();
+    auto bootstrap = ParseBootstrap(j.at("bootstrap").get<std::string>());
+    if (!bootstrap.ok()) return bootstrap.status();
+    c.bootstrap = *bootstrap;
+    c.repair = j.at("repair").get<bool>();
+    c.snapkv_window = j.at("snapkv_window").get<int>();
+    c.snapkv_kernel = j.at("snapkv_kernel").get<int>();
+    r.context_tokens = j.at("context_tokens").get<int64_t>();
+    r.num_layers = j.at("num_layers").get<int>();
+    r.num_kv_heads = j.at("num_kv_heads").get<int>();
+    r.retained_per_layer = j.at("retained_per_layer").get<std::vector<int64_t>>();
+    r.retained_entries = j.at("retained_entries").get<int64_t>();
+    r.total_entries = j.at("total_entries").get<int64_t>();
+    r.retained_kv_bytes = j.at("retained_kv_bytes").get<int64_t>();
+    r.full_kv_bytes = j.at("full_kv_bytes").get<int64_t>();
+    for (const auto& [phase, seconds] : j.at("phases").items()) r.phases.push_back({phase, seconds.get<double>()});
+    r.forward_passes = j.at("forward_passes").get<int>();
+    r.scoring_passes = j.at("scoring_passes").get<int>();
+    r.evicted = j.at("evicted").get<bool>();
+    r.overlap_w1_w2 = j.at("overlap_w1_w2").get<double>();
+    r.overlap_w1_final = j.at("overlap_w1_final").get<double>();
+    r.overlap_w2_final = j.at("overlap_w2_final").get<double>();
+    r.lookahead_tokens = j.at("lookahead_tokens").get<std::vector<int>>();
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("report: ", e.what()));
+  }
+  return r;
 }
 
 }  // namespace echokv::compression

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "compression/config.h"
 
 namespace echokv::compression {
@@ -47,6 +49,9 @@ struct CompressionReport {
 
 // A JSON object with every field above ("policy", "budget", ..., "phases": {...}).
 std::string ReportToJson(const CompressionReport& report);
+// The inverse of ReportToJson (saved sessions carry their last report); the config's
+// workspace comes back set explicitly. INVALID_ARGUMENT naming a missing/bad field.
+absl::StatusOr<CompressionReport> ReportFromJson(absl::string_view json);
 
 }  // namespace echokv::compression
 

@@ -200,6 +200,28 @@ KvCache KvCache::Clone() const {
   return out;
 }
 
+absl::Status KvCache::SetLayer(int layer, const at::Tensor& k, const at::Tensor& v,
+                              std::vector<std::vector<int64_t>> positions) {
+  if (layer < 0 || layer >= num_layers()) {
+    return absl::OutOfRangeError(absl::StrCat("layer ", layer, " out of range [0, ", num_layers(), ")"));
+  }
+  const int64_t n = positions.empty() ? 0 : static_cast<int64_t>(positions[0].size());
+  for (const at::Tensor* t : {&k, &v}) {
+    if (t->dim() != 3 || t->size(0) != num_kv_heads_ || t->size(1) != n || t->size(2) != head_dim_) {
+      return absl::InvalidArgumentError(absl::StrCat("KV of layer ", layer, " has shape ", ShapeString(*t),
+                                                     ", expected [", num_kv_heads_, ", ", n, ", ", head_dim_, "]"));
+    }
+  }
+  ECHOKV_RETURN_IF_ERROR(cells_.SetLayer(layer, std::move(positions)));
+  try {
+    layers_[layer].k = k.to(options_).contiguous().clone();
+    layers_[layer].v = v.to(options_).contiguous().clone();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("KV restore failed: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<KvCache> KvCache::ClonePrefix(int64_t n) const {
   KvCache out(num_layers(), num_kv_heads_, head_dim_, options_);
   out.cells_ = cells_;

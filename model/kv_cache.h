@@ -73,6 +73,10 @@ class KvCache {
   static absl::StatusOr<KvCache> Gather(const KvCache& src, const std::vector<at::Tensor>& indices);
   // A deep copy (for forking a session).
   KvCache Clone() const;
+  // Replaces `layer` with entries k, v [G, n, d] (converted to this cache's dtype and
+  // device) at per-group positions [G][n] (strictly increasing) — a saved compact cache.
+  absl::Status SetLayer(int layer, const at::Tensor& k, const at::Tensor& v,
+                        std::vector<std::vector<int64_t>> positions);
   // A deep copy of the first n entries of every layer and group (n <= size(l) for every
   // layer); next_position = one past the last kept position (of layer 0, group 0; 0
   // when n = 0). Meant for full caches, whose groups all hold positions 0..size-1.

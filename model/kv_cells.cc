@@ -85,6 +85,30 @@ absl::Status KvCells::Select(int layer, const std::vector<std::vector<int64_t>>&
   return absl::OkStatus();
 }
 
+absl::Status KvCells::SetLayer(int layer, std::vector<std::vector<int64_t>> positions) {
+  if (layer < 0 || layer >= num_layers()) {
+    return absl::OutOfRangeError(absl::StrCat("layer ", layer, " out of range [0, ", num_layers(), ")"));
+  }
+  if (static_cast<int>(positions.size()) != num_kv_heads_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected positions for ", num_kv_heads_, " groups, got ", positions.size()));
+  }
+  for (size_t g = 0; g < positions.size(); ++g) {
+    if (positions[g].size() != positions[0].size()) {
+      return absl::InvalidArgumentError(absl::StrCat("group ", g, " holds ", positions[g].size(),
+                                                     " positions, group 0 holds ", positions[0].size()));
+    }
+    for (size_t i = 0; i < positions[g].size(); ++i) {
+      if (positions[g][i] < 0 || (i > 0 && positions[g][i] <= positions[g][i - 1])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("group ", g, " positions must be non-negative and strictly increasing (index ", i, ")"));
+      }
+    }
+  }
+  layers_[layer] = std::move(positions);
+  return absl::OkStatus();
+}
+
 absl::Status KvCells::Truncate(int layer, int64_t n) {
   if (layer < 0 || layer >= num_layers()) {
     return absl::OutOfRangeError(absl::StrCat("layer ", layer, " out of range [0, ", num_layers(), ")"));

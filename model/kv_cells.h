@@ -40,6 +40,9 @@ class KvCells {
   // Keeps, per group, the entries at the given indices (ascending, unique, in range,
   // the same count for every group). indices.size() must equal num_kv_heads().
   absl::Status Select(int layer, const std::vector<std::vector<int64_t>>& indices);
+  // Replaces `layer`'s entries with the given per-group positions (one vector per group,
+  // equal lengths, strictly increasing) — restoring a saved compact cache.
+  absl::Status SetLayer(int layer, std::vector<std::vector<int64_t>> positions);
   // Keeps the first n entries of every group of `layer` (n <= size(layer)).
   absl::Status Truncate(int layer, int64_t n);
 

@@ -19,9 +19,11 @@
 #include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "server/generation.h"
+#include "server/persistence.h"
 #include "server/runner.h"
 #include "server/scheduler.h"
 #include "server/session_data.h"
+#include "server/state/store.h"
 #include "server/turn_job.h"
 #include "server/worker_pool.h"
 
@@ -51,6 +53,7 @@ absl::Status EngineConfig::Validate() const {
   if (max_step_tokens < 1) return absl::InvalidArgumentError("max_step_tokens must be >= 1");
   if (edge_threads < 1) return absl::InvalidArgumentError("edge_threads must be >= 1");
   if (stuck_after <= absl::ZeroDuration()) return absl::InvalidArgumentError("stuck_after must be > 0");
+  if (save_full_every < 1) return absl::InvalidArgumentError("save_full_every must be >= 1");
   if (!replica_id.empty() && !IsValidSessionId(absl::StrCat(replica_id, ".", std::string(32, '0')))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "replica_id must be a DNS label ([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?), got ", EscapedIdPrefix(replica_id)));
@@ -93,6 +96,25 @@ struct ActiveJob {
   GenerateSummary summary;                                // commit
   std::vector<model::ChatMessage> new_messages;           // chat input / the committed reply
   absl::Time admitted;
+  // Durable sessions: the turn is written before it is acknowledged.
+  bool persist_started = false;
+  bool persisted = false;
+  absl::Status persist_status;
+};
+
+// Forwards the state store's reports to the engine's observer.
+class StateObserverAdapter : public state::StateObserver {
+ public:
+  explicit StateObserverAdapter(EngineObserver* observer) : observer_(observer) {}
+  void OnWrite(const state::WriteStats& w) override {
+    if (observer_ != nullptr) observer_->OnStateWrite(absl::ToDoubleSeconds(w.duration), w.code == absl::StatusCode::kOk);
+  }
+  void OnStateError(state::ErrorKind kind) override {
+    if (observer_ != nullptr) observer_->OnStateError(state::ErrorKindName(kind));
+  }
+
+ private:
+  EngineObserver* observer_;  // not owned; may be null
 };
 
 }  // namespace
@@ -114,6 +136,10 @@ class Engine::Impl {
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<Runner> runner;
   std::unique_ptr<WorkerPool> edge;
+  // Durable sessions: the store, its observer, and one I/O thread (writes in order).
+  std::unique_ptr<StateObserverAdapter> state_observer;
+  std::unique_ptr<state::StateStore> durable;
+  std::unique_ptr<WorkerPool> io;
 
   mutable absl::Mutex mu;
   std::deque<std::function<void()>> inbox ABSL_GUARDED_BY(mu);  // admissions and quick tasks
@@ -153,6 +179,21 @@ class Engine::Impl {
   void DrainOnShutdown();
   void ReportGauges();
   void Heartbeat() { last_progress_ns.store(absl::ToUnixNanos(clock->Now())); }
+
+  // Durable sessions.
+  absl::Status OpenDurableState();
+  bool NeedsPersist(const ActiveJob& j) const {
+    return durable != nullptr && j.turn->spec().kind != TurnKind::kCompress;
+  }
+  void StartPersist(ActiveJob& j);
+  SessionMeta BuildMeta(const ActiveJob& j, const SessionData& data) const;
+  // The session's tensors, loaded from disk first when they were spilled or restored.
+  absl::StatusOr<std::shared_ptr<SessionData>> SessionDataFor(const std::string& id, const std::string& tenant);
+  // Drops idle saved sessions' tensors until `bytes` more cold bytes fit in memory.
+  absl::Status MakeColdRoom(int64_t bytes, const std::string& except);
+  void ForgetOnDisk(const std::string& id);
+  void ProcessCompletions(const std::vector<uint64_t>& failed_streams, const std::vector<uint64_t>& finished_streams,
+                          const std::vector<uint64_t>& failed_jobs);
 
   // Completion paths.
   void FinishStream(std::unique_ptr<Stream> s);
@@ -327,7 +368,8 @@ absl::StatusOr<std::vector<int>> Engine::Impl::Tokenize(const InputSpec& input, 
 
 bool Engine::Impl::HasRunnableWork() {
   for (const auto& j : jobs) {
-    if (j->turn->next() != JobView::Next::kWaiting || j->cancel->load()) return true;
+    if (j->turn->next() != JobView::Next::kWaiting || (j->cancel->load() && !j->persist_started)) return true;
+    if (j->turn->done() && (!j->persist_started || j->persisted)) return true;
   }
   for (const auto& s : streams) {
     if (s->cancelled() || s->ready(config.limits.max_stream_backlog)) return true;
@@ -380,7 +422,7 @@ void Engine::Impl::Reap() {
   if (now < next_reap) return;
   next_reap = now + absl::Milliseconds(200);
   for (const std::string& id : store->ReapExpired()) {
-    (void)id;
+    ForgetOnDisk(id);
     if (observer != nullptr) observer->OnSessionExpired();
     ECHOKV_LOG(INFO) << "a session expired (idle beyond its ttl)";
   }
@@ -396,7 +438,8 @@ void Engine::Impl::DropCancelled() {
     }
   }
   for (auto it = jobs.begin(); it != jobs.end();) {
-    if ((*it)->cancel->load()) {
+    // A turn whose write started is past the point of no return: it completes.
+    if ((*it)->cancel->load() && !(*it)->persist_started) {
       FailJob(**it, absl::CancelledError("cancelled"));
       it = jobs.erase(it);
     } else {
@@ -413,7 +456,10 @@ void Engine::Impl::Step() {
   job_views.reserve(jobs.size());
   for (const auto& j : jobs) job_views.push_back({j->id, j->turn->next(), j->turn->prefill_remaining()});
   const Plan plan = scheduler->Schedule(stream_views, job_views);
-  if (plan.empty()) return;
+  if (plan.empty()) {
+    ProcessCompletions({}, {}, {});  // e.g. a durable write came back
+    return;
+  }
 
   auto find_stream = [&](uint64_t id) -> Stream* {
     for (auto& s : streams) {
@@ -506,12 +552,20 @@ void Engine::Impl::Step() {
     }
   }
 
-  // 5. Completions. Failed work already answered; finished streams and jobs answer now.
+  ProcessCompletions(failed_streams, finished_streams, failed_jobs);
+}
+
+// Failed work already answered; finished streams and jobs answer now. Durable turns are
+// written first (on the I/O thread) and answered once the write came back.
+void Engine::Impl::ProcessCompletions(const std::vector<uint64_t>& failed_streams,
+                                      const std::vector<uint64_t>& finished_streams,
+                                      const std::vector<uint64_t>& failed_jobs) {
+  auto has = [](const std::vector<uint64_t>& v, uint64_t id) { return std::find(v.begin(), v.end(), id) != v.end(); };
   std::vector<std::unique_ptr<Stream>> done_streams;
   for (auto it = streams.begin(); it != streams.end();) {
     const uint64_t id = (*it)->id();
-    const bool failed = std::find(failed_streams.begin(), failed_streams.end(), id) != failed_streams.end();
-    const bool finished = std::find(finished_streams.begin(), finished_streams.end(), id) != finished_streams.end();
+    const bool failed = has(failed_streams, id);
+    const bool finished = has(finished_streams, id);
     if (failed || finished) {
       if (finished) done_streams.push_back(std::move(*it));
       it = streams.erase(it);
@@ -520,15 +574,26 @@ void Engine::Impl::Step() {
     }
   }
   for (auto it = jobs.begin(); it != jobs.end();) {
-    const bool failed = std::find(failed_jobs.begin(), failed_jobs.end(), (*it)->id) != failed_jobs.end();
-    if (failed) {
+    ActiveJob& j = **it;
+    if (has(failed_jobs, j.id)) {
       it = jobs.erase(it);
-    } else if ((*it)->turn->done()) {
-      std::unique_ptr<ActiveJob> j = std::move(*it);
-      it = jobs.erase(it);
-      CompleteJob(*j);
-    } else {
+      continue;
+    }
+    if (!j.turn->done()) {
       ++it;
+      continue;
+    }
+    if (NeedsPersist(j) && !j.persist_started) StartPersist(j);
+    if (j.persist_started && !j.persisted) {
+      ++it;  // its write is in flight
+      continue;
+    }
+    std::unique_ptr<ActiveJob> owned = std::move(*it);
+    it = jobs.erase(it);
+    if (owned->persist_started && !owned->persist_status.ok()) {
+      FailJob(*owned, owned->persist_status);
+    } else {
+      CompleteJob(*owned);
     }
   }
   for (auto& s : done_streams) FinishStream(std::move(s));
@@ -560,7 +625,7 @@ void Engine::Impl::FinishStream(std::unique_ptr<Stream> s) {
     return;
   }
   absl::StatusOr<SessionMeta> meta = store->Get(id, tenant, false);
-  absl::StatusOr<std::shared_ptr<SessionData>> data = store->Data(id, tenant, false);
+  absl::StatusOr<std::shared_ptr<SessionData>> data = SessionDataFor(id, tenant);
   if (!meta.ok() || !data.ok()) {
     FailStream(*s, meta.ok() ? data.status() : meta.status());
     return;
@@ -635,13 +700,11 @@ void Engine::Impl::CompleteJob(ActiveJob& j) {
     }
     case TurnKind::kCreate: {
       std::shared_ptr<SessionData> data = t.TakeSessionData();
-      SessionMeta meta = MetaFor(*data, t.report(), t.spec().memory);
-      meta.created = meta.last_used = clock->Now();
-      meta.ttl = j.ttl.value_or(config.limits.session_ttl);
-      meta.messages = std::move(j.new_messages);
+      SessionMeta meta = BuildMeta(j, *data);
       const std::string id = j.reservation->id;
       if (absl::Status s = store->Insert(*j.reservation, meta, std::move(data)); !s.ok()) {
         Reject(s);
+        ForgetOnDisk(id);  // written, never acknowledged
         j.session_done(s);
         return;
       }
@@ -654,14 +717,8 @@ void Engine::Impl::CompleteJob(ActiveJob& j) {
     case TurnKind::kAppend:
     case TurnKind::kCommit: {
       std::shared_ptr<SessionData> data = t.TakeSessionData();
-      SessionMeta meta = MetaFor(*data, t.report(), t.spec().memory);
-      absl::StatusOr<SessionMeta> old = store->Get(j.session_id, j.caller.tenant, false);
-      if (old.ok()) {
-        meta.ttl = old->ttl;
-        meta.messages = old->messages;
-        meta.messages.insert(meta.messages.end(), j.new_messages.begin(), j.new_messages.end());
-      }
-      absl::Status s = old.ok() ? store->Commit(j.session_id, meta, std::move(data)) : old.status();
+      SessionMeta meta = BuildMeta(j, *data);
+      absl::Status s = store->Commit(j.session_id, meta, std::move(data));
       if (!s.ok()) {
         Reject(s);
         FailJob(j, s);
@@ -724,6 +781,8 @@ void Engine::Impl::ReportGauges() {
   g.live_sessions = t.sessions;
   g.retained_kv_bytes = t.hot_bytes;
   g.full_kv_bytes = t.full_bytes;
+  g.cold_kv_bytes = t.cold_bytes;
+  g.cold_memory_bytes = t.cold_memory_bytes;
   {
     absl::MutexLock lock(&mu);
     g.queue_depth = static_cast<int>(inbox.size());
@@ -731,6 +790,156 @@ void Engine::Impl::ReportGauges() {
   g.queue_depth += static_cast<int>(jobs.size()) + (edge != nullptr ? edge->queued() : 0);
   g.active_generations = static_cast<int>(streams.size());
   observer->OnGauges(g);
+}
+
+// ------------------------------------------------------------------------------
+// Durable sessions
+
+SessionMeta Engine::Impl::BuildMeta(const ActiveJob& j, const SessionData& data) const {
+  const TurnJob& t = *j.turn;
+  SessionMeta meta = MetaFor(data, t.report(), t.spec().memory);
+  meta.tenant = j.caller.tenant;
+  const absl::Time now = clock->Now();
+  meta.last_used = now;
+  if (t.spec().kind == TurnKind::kCreate) {
+    meta.id = j.reservation->id;
+    meta.created = now;
+    meta.ttl = j.ttl.value_or(config.limits.session_ttl);
+    meta.messages = j.new_messages;
+  } else {
+    meta.id = j.session_id;
+    absl::StatusOr<SessionMeta> old = store->Get(j.session_id, j.caller.tenant, false);  // claimed: present
+    if (old.ok()) {
+      meta.created = old->created;
+      meta.ttl = old->ttl;
+      meta.messages = old->messages;
+    }
+    meta.messages.insert(meta.messages.end(), j.new_messages.begin(), j.new_messages.end());
+  }
+  return meta;
+}
+
+void Engine::Impl::StartPersist(ActiveJob& j) {
+  j.persist_started = true;
+  SessionData* data = j.turn->mutable_result();
+  const TurnSpec& spec = j.turn->spec();
+  const int64_t before = spec.base != nullptr ? static_cast<int64_t>(spec.base->tokens.size()) : 0;
+  // Every few turns a tiered session writes one superseding segment (bounded files).
+  const bool full = data->cold != nullptr && data->segments_since_full >= config.save_full_every;
+  if (full) data->segments_since_full = 0;
+  absl::StatusOr<TurnRecord> rec = EncodeTurn(BuildMeta(j, *data), *data, before, full);
+  if (!rec.ok()) {
+    j.persisted = true;
+    j.persist_status = rec.status();
+    return;
+  }
+  auto record = std::make_shared<TurnRecord>(std::move(*rec));
+  const uint64_t job_id = j.id;
+  io->Submit([this, record, job_id](bool shutting_down) {
+    absl::Status status = shutting_down ? absl::UnavailableError("server is shutting down")
+                                        : durable->WriteTurn(record->meta, record->segment);
+    if (!status.ok()) {
+      ECHOKV_LOG(ERROR) << "saving a turn of a session failed: " << status.message();
+      status = absl::Status(status.code(), absl::StrCat("saving the session state: ", status.message()));
+    }
+    Post([this, job_id, status] {
+      for (auto& job : jobs) {
+        if (job->id == job_id) {
+          job->persisted = true;
+          job->persist_status = status;
+        }
+      }
+    });
+  });
+}
+
+void Engine::Impl::ForgetOnDisk(const std::string& id) {
+  if (durable == nullptr || !durable->Contains(id)) return;
+  io->Submit([this, id](bool) {
+    if (absl::Status s = durable->DeleteSession(id); !s.ok() && !absl::IsNotFound(s)) {
+      ECHOKV_LOG(ERROR) << "removing a saved session failed: " << s.message();
+    }
+  });
+}
+
+absl::Status Engine::Impl::MakeColdRoom(int64_t bytes, const std::string& except) {
+  const int64_t limit = config.limits.max_cold_bytes;
+  StoreTotals t = store->Totals();
+  if (t.cold_memory_bytes + bytes <= limit) return absl::OkStatus();
+  if (durable != nullptr) {
+    for (const std::string& id : store->SpillCandidates(except)) {
+      if (!durable->Contains(id)) continue;
+      store->ReplaceData(id, nullptr, /*cold_in_memory=*/false);  // saved on disk: reloads on use
+      t = store->Totals();
+      if (t.cold_memory_bytes + bytes <= limit) return absl::OkStatus();
+    }
+  }
+  return absl::ResourceExhaustedError(absl::StrCat("max_cold_bytes (", limit, ") would be exceeded: cold tiers in memory hold ",
+                                                   t.cold_memory_bytes, " bytes and this needs ", bytes, " more"));
+}
+
+absl::StatusOr<std::shared_ptr<SessionData>> Engine::Impl::SessionDataFor(const std::string& id,
+                                                                          const std::string& tenant) {
+  ECHOKV_ASSIGN_OR_RETURN(std::shared_ptr<SessionData> data, store->Data(id, tenant, /*touch=*/false));
+  if (data != nullptr) return data;
+  if (durable == nullptr) return absl::InternalError(absl::StrCat("session ", EscapedIdPrefix(id), " has no state"));
+  ECHOKV_ASSIGN_OR_RETURN(SessionMeta meta, store->Get(id, tenant, false));
+  absl::StatusOr<std::unique_ptr<state::SessionReader>> reader = durable->OpenSession(id);
+  if (!reader.ok()) {
+    ECHOKV_LOG(ERROR) << "loading a saved session failed: " << reader.status().message();
+    return reader.status();
+  }
+  if (meta.memory == MemoryMode::kTiered) ECHOKV_RETURN_IF_ERROR(MakeColdRoom(meta.cold_bytes, id));
+  ECHOKV_ASSIGN_OR_RETURN(data, LoadSessionData(**reader, *model));
+  store->ReplaceData(id, data, /*cold_in_memory=*/data->cold != nullptr);
+  return data;
+}
+
+absl::Status Engine::Impl::OpenDurableState() {
+  absl::StatusOr<state::ModelFingerprint> fp = FingerprintModelDir(config.model_dir);
+  if (!fp.ok()) return absl::Status(fp.status().code(), absl::StrCat("--state_dir: ", fp.status().message()));
+  state::StoreOptions so;
+  so.dir = config.state_dir;
+  so.model = *fp;
+  so.fsync = config.fsync_always ? state::FsyncPolicy::kAlways : state::FsyncPolicy::kNone;
+  so.file_ops = config.state_file_ops;
+  state_observer = std::make_unique<StateObserverAdapter>(observer);
+  so.observer = state_observer.get();
+  absl::StatusOr<std::unique_ptr<state::StateStore>> opened = state::StateStore::Create(so);
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(), absl::StrCat("--state_dir: ", opened.status().message()));
+  }
+  durable = std::move(*opened);
+  io = std::make_unique<WorkerPool>(1);
+  const state::RecoveryResult found = durable->OpenAll();
+  for (const state::StateError& e : found.errors) {
+    ECHOKV_LOG(ERROR) << "saved session " << EscapedIdPrefix(e.session_id) << " refused ("
+                      << state::ErrorKindName(e.kind) << "): " << e.status.message() << "; its files are left untouched";
+  }
+  int64_t restored = 0;
+  for (const state::SessionManifest& m : found.sessions) {
+    absl::StatusOr<SessionMeta> meta = MetaFromManifest(m, *model);
+    if (!meta.ok()) {
+      ECHOKV_LOG(ERROR) << "saved session " << EscapedIdPrefix(m.meta.id) << " refused (bad_manifest): "
+                        << meta.status().message();
+      if (observer != nullptr) observer->OnStateError("bad_manifest");
+      continue;
+    }
+    meta->last_used = clock->Now();  // the idle timer restarts with the process
+    absl::StatusOr<SessionStore::Reservation> r =
+        store->ReserveId(meta->id, meta->tenant, meta->hot_bytes, meta->cold_bytes, /*cold_in_memory=*/false);
+    absl::Status s = r.ok() ? store->Insert(*r, *meta, nullptr) : r.status();
+    if (!s.ok()) {
+      ECHOKV_LOG(ERROR) << "saved session " << EscapedIdPrefix(m.meta.id) << " not restored: " << s.message();
+      continue;
+    }
+    ++restored;
+  }
+  if (observer != nullptr) observer->OnSessionsRestored(restored);
+  ECHOKV_LOG(INFO) << "state dir " << config.state_dir << ": restored " << restored << " session(s), refused "
+                   << found.errors.size() << ", fsync " << (config.fsync_always ? "always" : "none");
+  facts.durable = true;
+  return absl::OkStatus();
 }
 
 // ------------------------------------------------------------------------------
@@ -743,6 +952,7 @@ void Engine::Impl::AdmitCreate(std::shared_ptr<CreateRequest> req, CancelFlag ca
   // Admission estimate: at most min(L, B) entries per layer and group stay hot.
   const int64_t keep = req->config.policy == compression::PolicyKind::kFull ? n : std::min<int64_t>(n, req->config.budget);
   const int64_t cold = memory == MemoryMode::kTiered ? n * bytes_per_token : 0;
+  if (memory == MemoryMode::kTiered) (void)MakeColdRoom(cold, "");  // spill idle saved sessions first
   absl::StatusOr<SessionStore::Reservation> r =
       store->Reserve(req->caller.tenant, keep * bytes_per_token, cold, memory == MemoryMode::kTiered);
   if (!r.ok()) {
@@ -778,7 +988,7 @@ void Engine::Impl::AdmitAppend(std::shared_ptr<AppendRequest> req, CancelFlag ca
                                DoneFn<SessionInfo> done, std::vector<int> tokens, absl::Time admitted) {
   // The session was claimed on the edge; it cannot have changed since.
   absl::StatusOr<SessionMeta> meta = store->Get(req->session_id, req->caller.tenant, false);
-  absl::StatusOr<std::shared_ptr<SessionData>> data = store->Data(req->session_id, req->caller.tenant, false);
+  absl::StatusOr<std::shared_ptr<SessionData>> data = SessionDataFor(req->session_id, req->caller.tenant);
   if (!meta.ok() || !data.ok()) {
     store->Release(req->session_id);
     return done(meta.ok() ? data.status() : meta.status());
@@ -825,7 +1035,7 @@ void Engine::Impl::AdmitGenerate(std::unique_ptr<Stream> s) {
         "max_tokens: the session holds ", meta->tokens_seen, " tokens; ", p.max_tokens, " more",
         p.commit ? " (committed)" : "", " exceed max_context_tokens (", max_ctx, "): at most ", std::max<int64_t>(room, 0))));
   }
-  absl::StatusOr<std::shared_ptr<SessionData>> data = store->Data(p.session_id, p.caller.tenant, false);
+  absl::StatusOr<std::shared_ptr<SessionData>> data = SessionDataFor(p.session_id, p.caller.tenant);
   if (!data.ok()) {
     if (p.commit) store->Release(p.session_id);
     return s->Finish(data.status());
@@ -940,6 +1150,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithModel(const EngineConf
   impl->scheduler = std::make_unique<Scheduler>(so);
   impl->runner = std::make_unique<Runner>(impl->model.get());
   impl->edge = std::make_unique<WorkerPool>(config.edge_threads);
+  if (!config.state_dir.empty()) ECHOKV_RETURN_IF_ERROR(impl->OpenDurableState());
   impl->Heartbeat();
   Impl* raw = impl.get();
   std::unique_ptr<Engine> engine(new Engine(std::move(impl)));
@@ -1110,7 +1321,7 @@ void Engine::ForkSession(Caller caller, std::string session_id, std::optional<ab
         // A read of the source: allowed while it is busy; sees its committed state.
         absl::StatusOr<SessionMeta> meta = impl->store->Get(session_id, caller.tenant, true);
         if (!meta.ok()) return (*d)(meta.status());
-        absl::StatusOr<std::shared_ptr<SessionData>> src = impl->store->Data(session_id, caller.tenant, false);
+        absl::StatusOr<std::shared_ptr<SessionData>> src = impl->SessionDataFor(session_id, caller.tenant);
         if (!src.ok()) return (*d)(src.status());
         absl::StatusOr<SessionStore::Reservation> r =
             impl->store->Reserve(caller.tenant, meta->hot_bytes, meta->cold_bytes, meta->cold_in_memory);
@@ -1141,16 +1352,37 @@ void Engine::ForkSession(Caller caller, std::string session_id, std::optional<ab
           return (*d)(absl::InternalError(absl::StrCat("fork: ", e.what())));
         }
         SessionMeta copy = *meta;
+        copy.id = r->id;
+        copy.tenant = caller.tenant;
         copy.created = copy.last_used = impl->clock->Now();
         copy.ttl = ttl.value_or(meta->ttl);
-        const std::string id = r->id;
-        if (absl::Status s = impl->store->Insert(*r, copy, std::move(data)); !s.ok()) {
-          impl->Reject(s);
-          return (*d)(s);
-        }
-        if (impl->observer != nullptr) impl->observer->OnSessionCreated();
-        absl::StatusOr<SessionMeta> now = impl->store->Get(id, caller.tenant, false);
-        (*d)(now.ok() ? absl::StatusOr<SessionInfo>(impl->Info(*now)) : now.status());
+        copy.busy = false;
+        data->segments_since_full = 0;
+        auto reservation = std::make_shared<SessionStore::Reservation>(*r);
+        // Answers once the fork is in the store (and on disk first when durable).
+        auto finish = [impl, caller, reservation, copy, data, d](absl::Status written) {
+          if (!written.ok()) {
+            impl->store->Unreserve(*reservation);
+            return (*d)(written);
+          }
+          if (absl::Status s = impl->store->Insert(*reservation, copy, data); !s.ok()) {
+            impl->Reject(s);
+            impl->ForgetOnDisk(reservation->id);
+            return (*d)(s);
+          }
+          if (impl->observer != nullptr) impl->observer->OnSessionCreated();
+          absl::StatusOr<SessionMeta> now = impl->store->Get(reservation->id, caller.tenant, false);
+          (*d)(now.ok() ? absl::StatusOr<SessionInfo>(impl->Info(*now)) : now.status());
+        };
+        if (impl->durable == nullptr) return finish(absl::OkStatus());
+        absl::StatusOr<TurnRecord> rec = EncodeTurn(copy, *data, 0, /*full=*/true);
+        if (!rec.ok()) return finish(rec.status());
+        auto record = std::make_shared<TurnRecord>(std::move(*rec));
+        impl->io->Submit([impl, record, finish](bool shutting_down) {
+          absl::Status st = shutting_down ? absl::UnavailableError("server is shutting down")
+                                          : impl->durable->WriteTurn(record->meta, record->segment);
+          if (!impl->Post([finish, st] { finish(st); })) finish(absl::UnavailableError("server is shutting down"));
+        });
       })) {
     (*d)(absl::UnavailableError("server is shutting down"));
   }
@@ -1175,7 +1407,9 @@ void Engine::DeleteSession(Caller caller, std::string session_id, DoneFn<int64_t
   if (!IsValidSessionId(session_id)) {
     return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
   }
-  done(impl_->store->Delete(session_id, caller.tenant));
+  absl::StatusOr<int64_t> freed = impl_->store->Delete(session_id, caller.tenant);
+  if (freed.ok()) impl_->ForgetOnDisk(session_id);
+  done(std::move(freed));
 }
 
 void Engine::InspectCache(Caller caller, std::string session_id, bool include_positions,
@@ -1188,7 +1422,7 @@ void Engine::InspectCache(Caller caller, std::string session_id, bool include_po
   if (!impl->Post([impl, caller, session_id, include_positions, d] {
         absl::StatusOr<SessionMeta> meta = impl->store->Get(session_id, caller.tenant, true);
         if (!meta.ok()) return (*d)(meta.status());
-        absl::StatusOr<std::shared_ptr<SessionData>> data = impl->store->Data(session_id, caller.tenant, false);
+        absl::StatusOr<std::shared_ptr<SessionData>> data = impl->SessionDataFor(session_id, caller.tenant);
         if (!data.ok()) return (*d)(data.status());
         const model::KvCache& hot = (*data)->hot;
         CacheInspection out;
@@ -1242,8 +1476,10 @@ void Engine::Shutdown() {
       if (auto c = w.lock()) c->store(true);
     }
   }
-  // Edge work still queued answers UNAVAILABLE; then the engine drains.
+  // Edge work still queued answers UNAVAILABLE; writes in flight finish (queued ones
+  // are refused); then the engine drains.
   impl_->edge->Shutdown();
+  if (impl_->io != nullptr) impl_->io->Shutdown();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 

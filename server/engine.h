@@ -43,6 +43,9 @@ namespace echokv::model {
 class Transformer;
 class Tokenizer;
 }  // namespace echokv::model
+namespace echokv::state {
+class FileOps;
+}  // namespace echokv::state
 
 namespace echokv::server {
 
@@ -76,6 +79,11 @@ struct EngineConfig {
   // The engine counts as stuck (health NOT_SERVING) when work is waiting and no step
   // has completed for this long.
   absl::Duration stuck_after = absl::Seconds(30);
+  // Durable sessions (SESSION_MEMORY.md §4): "" = in memory only.
+  std::string state_dir;
+  bool fsync_always = true;                 // --fsync always|none
+  int save_full_every = 32;                 // tiered: a superseding segment every N turns
+  state::FileOps* state_file_ops = nullptr;  // tests: fault injection (not owned)
   absl::Status Validate() const;
 };
 

@@ -39,6 +39,8 @@ struct SessionData {
   // (group sum over heads) from every query so far (§3: exact, since a causal query's
   // weights over earlier keys never change). Empty for other policies.
   std::vector<at::Tensor> h2o_scores;
+  // --state_dir: turns written since the last superseding (full) segment.
+  int segments_since_full = 0;
 };
 
 }  // namespace echokv::server

@@ -8,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "server/state/session_id.h"
 
 namespace echokv::server {
 
@@ -48,8 +49,6 @@ absl::Status Busy(absl::string_view id) {
       " is busy: another mutation (append, generate with commit, delete) is in progress; retry when it finishes"));
 }
 
-bool IsLabelChar(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; }
-bool IsHex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
 
 }  // namespace
 
@@ -73,19 +72,7 @@ absl::StatusOr<std::string> RandomHex128() {
   return id;
 }
 
-bool IsValidSessionId(absl::string_view id) {
-  if (id.size() < 32) return false;
-  absl::string_view hex = id.substr(id.size() - 32);
-  if (!std::all_of(hex.begin(), hex.end(), IsHex)) return false;
-  if (id.size() == 32) return true;
-  // "<label>." before the hex part.
-  absl::string_view prefix = id.substr(0, id.size() - 32);
-  if (prefix.size() < 2 || prefix.back() != '.') return false;
-  absl::string_view label = prefix.substr(0, prefix.size() - 1);
-  if (label.size() > 63) return false;
-  if (!std::all_of(label.begin(), label.end(), IsLabelChar)) return false;
-  return label.front() != '-' && label.back() != '-';
-}
+bool IsValidSessionId(absl::string_view id) { return state::IsValidSessionId(id); }
 
 absl::string_view SessionIdOwner(absl::string_view id) {
   if (!IsValidSessionId(id) || id.size() == 32) return "";
@@ -342,6 +329,22 @@ std::vector<std::string> SessionStore::ReapExpired() {
     }
   }
   return gone;
+}
+
+std::vector<std::string> SessionStore::SpillCandidates(const std::string& except) const {
+  std::vector<std::pair<absl::Time, std::string>> found;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, e] : sessions_) {
+      if (id != except && e.data != nullptr && e.meta.cold_in_memory && !e.meta.busy) {
+        found.emplace_back(e.meta.last_used, id);
+      }
+    }
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [t, id] : found) out.push_back(std::move(id));
+  return out;
 }
 
 StoreTotals SessionStore::Totals() const {

@@ -131,6 +131,11 @@ class SessionStore {
   // Removes sessions idle beyond their TTL (busy ones never expire); returns their ids.
   std::vector<std::string> ReapExpired();
 
+  // Sessions whose tensors are loaded with a cold tier in memory and that no mutation
+  // holds, least recently used first (the engine may drop their tensors when they are
+  // saved on disk, to make room under max_cold_bytes).
+  std::vector<std::string> SpillCandidates(const std::string& except) const;
+
   StoreTotals Totals() const;
   const SessionLimits& limits() const { return limits_; }
   const std::string& replica_id() const { return replica_id_; }
@@ -164,8 +169,8 @@ absl::Status SessionNotFound(absl::string_view id);
 // 128 bits from the OS CSPRNG (getrandom) as 32 lowercase hex characters.
 absl::StatusOr<std::string> RandomHex128();
 
-// The one session id grammar: `(<label>.)?<32 lowercase hex>`, label =
-// [a-z0-9]([a-z0-9-]{0,61}[a-z0-9])? (a DNS label, e.g. a StatefulSet pod name).
+// The one session id grammar (server/state/session_id.h): `(<label>.)?<32 lowercase
+// hex>`, label = [a-z0-9]([a-z0-9-]{0,61}[a-z0-9])? (a DNS label, e.g. a pod name).
 bool IsValidSessionId(absl::string_view id);
 // The owner prefix of a valid id ("" when it has none).
 absl::string_view SessionIdOwner(absl::string_view id);

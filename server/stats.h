@@ -33,7 +33,9 @@ struct CompressionStats {
 // Live totals, reported after every change.
 struct EngineGauges {
   int live_sessions = 0;
-  int64_t retained_kv_bytes = 0;
+  int64_t retained_kv_bytes = 0;   // hot tiers
+  int64_t cold_kv_bytes = 0;       // cold tiers (memory or disk)
+  int64_t cold_memory_bytes = 0;   // cold tiers held in memory
   int64_t full_kv_bytes = 0;       // what full caches of the same sessions would hold
   int queue_depth = 0;
   int active_generations = 0;
@@ -51,6 +53,13 @@ class EngineObserver {
   // A session admission refused by a limit ("max_sessions", "max_kv_bytes", ...).
   virtual void OnSessionRejected(absl::string_view limit) = 0;
   virtual void OnGauges(const EngineGauges& gauges) = 0;
+  // Durable state (--state_dir): one state write (a turn, an import, a delete).
+  virtual void OnStateWrite(double seconds, bool ok) {}
+  // A saved session refused at start or when loaded; kind: "checksum", "truncated",
+  // "foreign_model", "unknown_version", "missing_segment", "bad_manifest", "io".
+  virtual void OnStateError(absl::string_view kind) {}
+  // Sessions found valid on disk at start.
+  virtual void OnSessionsRestored(int64_t count) {}
 };
 
 }  // namespace echokv::server

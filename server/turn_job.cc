@@ -233,6 +233,7 @@ absl::Status TurnJob::Finalize() {
       data->hot = std::move(own_cache_);  // nothing evicted: keep the cache as it is
     }
     data->last_logits = last_logits_;
+    data->segments_since_full = spec_.base != nullptr ? spec_.base->segments_since_full + 1 : 1;
     if (spec_.base != nullptr) data->tokens = spec_.base->tokens;
     data->tokens.insert(data->tokens.end(), spec_.tokens.begin(), spec_.tokens.end());
     result_ = std::move(data);

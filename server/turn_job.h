@@ -81,6 +81,8 @@ class TurnJob {
   const compression::CompressionReport& report() const { return report_; }
   // When done: the new session state (create / append / commit).
   std::shared_ptr<SessionData> TakeSessionData();
+  // When done, before TakeSessionData: the new state (to write it to disk first).
+  SessionData* mutable_result() { return result_.get(); }
   // When done: per layer [G, n_l] kept entry indices of the context (kCompress).
   const std::vector<at::Tensor>& kept() const { return kept_; }
   // When done and spec.record_scores: CompressionResult::final_scores.
