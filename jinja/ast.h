@@ -47,6 +47,7 @@ using StmtPtr = std::unique_ptr<Stmt>;
 using Body = std::vector<StmtPtr>;
 
 struct Expr {
+  // (fields are filled by the parser; CompileChecks sets the flags)
   enum class Kind {
     kConst,    // value
     kName,     // name
@@ -76,6 +77,10 @@ struct Expr {
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
   ExprPtr dyn_args, dyn_kwargs;
   std::vector<std::pair<std::string, ExprPtr>> ops;  // kCompare
+  // kBinary "**" whose base Jinja folds to a constant while the exponent is not
+  // constant: Jinja emits the constant as a bare literal ("-3 ** x"), which Python
+  // parses as -(3 ** x). Reproduced for negative bases.
+  bool negative_const_base = false;
 };
 
 // An assignment target: a name, a namespace attribute, or a tuple of targets.
@@ -123,6 +128,10 @@ struct Stmt {
   Body body, else_body;
   std::shared_ptr<MacroSignature> signature;  // kMacro, kCallBlock
   bool recursive = false;                    // kFor
+  // kOutput: the expression is constant in Jinja's sense, so Jinja evaluates it at
+  // compile time with its as_const rules (a slice of a non-sequence gives undefined
+  // there instead of raising).
+  bool const_output = false;
 };
 
 // Parses a token stream into a template body. Throws TemplateError (with its offset).

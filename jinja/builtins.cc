@@ -485,9 +485,7 @@ std::string PyCapitalize(const std::string& s) {
     if (i == 0) {
       AppendTitle(in[i], &out);
     } else {
-      std::u32string one;
-      one.push_back(in[i]);
-      out += Decode(PyLower(Encode(one)));
+      AppendLowerAt(in, i, &out);
     }
   }
   return Encode(out);
@@ -496,13 +494,14 @@ std::string PyCapitalize(const std::string& s) {
 std::string PyTitleMethod(const std::string& s) {
   std::u32string out;
   bool prev_cased = false;
-  for (char32_t c : Decode(s)) {
+  const std::u32string in = Decode(s);
+  for (size_t i = 0; i < in.size(); ++i) {
     if (prev_cased) {
-      AppendLower(c, &out);
+      AppendLowerAt(in, i, &out);
     } else {
-      AppendTitle(c, &out);
+      AppendTitle(in[i], &out);
     }
-    prev_cased = IsCased(c);
+    prev_cased = IsCased(in[i]);
   }
   return Encode(out);
 }
@@ -572,8 +571,9 @@ std::optional<Value> StrMethod(const Value& self, const std::string& name) {
       {"swapcase", [](Interpreter&, const Value& s, CallArgs& a) {
          ArgBinder(a, "swapcase", {});
          std::u32string out;
-         for (char32_t c : Decode(s.string_value())) {
-           if (IsUpperChar(c)) AppendLower(c, &out); else if (IsLowerChar(c)) AppendUpper(c, &out); else out.push_back(c);
+         const std::u32string in = Decode(s.string_value());
+         for (size_t i = 0; i < in.size(); ++i) {
+           if (IsUpperChar(in[i])) AppendLowerAt(in, i, &out); else if (IsLowerChar(in[i])) AppendUpper(in[i], &out); else out.push_back(in[i]);
          }
          return Value(Encode(out));
        }},
@@ -714,11 +714,13 @@ std::optional<Value> StrMethod(const Value& self, const std::string& name) {
        }},
       {"zfill", [](Interpreter&, const Value& s, CallArgs& a) {
          ArgBinder b(a, "zfill", {"width"});
-         Spec sp;
-         sp.width = static_cast<int>(NeedInt(b.Get(0), "width"));
-         sp.fill = '0';
-         sp.align = '=';
-         return Value(Pad(s.string_value(), sp, '='));
+         const int64_t width = NeedInt(b.Get(0), "width");
+         const std::string& str = s.string_value();
+         const int64_t len = static_cast<int64_t>(CodePointCount(str));
+         if (len >= width) return s;
+         const std::string zeros(static_cast<size_t>(width - len), '0');
+         if (!str.empty() && (str[0] == '+' || str[0] == '-')) return Value(str.substr(0, 1) + zeros + str.substr(1));
+         return Value(zeros + str);
        }},
       {"removeprefix", [](Interpreter&, const Value& s, CallArgs& a) {
          ArgBinder b(a, "removeprefix", {"prefix"});
@@ -1065,7 +1067,13 @@ const std::map<std::string, FilterFn>& Filters() {
        }},
       {"indent", [](Interpreter&, const Value& v, CallArgs& a) {
          ArgBinder b(a, "indent", {"width", "first", "blank"});
-         return Value(Indent(v.Str(), b.Get(0, Value(4)), b.Get(1, Value(false)).Truthy(), b.Get(2, Value(false)).Truthy()));
+         // Python does `s += "\n"` first: only a str survives it.
+         if (v.is_undefined()) FailUndefined(v);
+         if (!v.is_string()) {
+           if (v.kind() == Value::Kind::kList) TypeError("'list' object has no attribute 'splitlines'");
+           TypeError(absl::StrCat("unsupported operand type(s) for +=: '", v.TypeName(), "' and 'str'"));
+         }
+         return Value(Indent(v.string_value(), b.Get(0, Value(4)), b.Get(1, Value(false)).Truthy(), b.Get(2, Value(false)).Truthy()));
        }},
       {"items", [](Interpreter&, const Value& v, CallArgs& a) {
          ArgBinder(a, "items", {});
@@ -1162,11 +1170,16 @@ const std::map<std::string, FilterFn>& Filters() {
            std::reverse(cps.begin(), cps.end());
            return Value(Encode(cps));
          }
-         const bool generator = v.kind() == Value::Kind::kGenerator;
+         const Value::Kind kind = v.kind();
          std::vector<Value> items = i.Iterate(v);
          std::reverse(items.begin(), items.end());
-         if (generator) return Value::MakeList(std::move(items));
-         return Generator(std::move(items), "reversed");
+         if (kind == Value::Kind::kGenerator) return Value::MakeList(std::move(items));
+         // Python's reversed() iterators, named as their repr shows them.
+         const char* name = kind == Value::Kind::kList   ? "list_reverseiterator"
+                            : kind == Value::Kind::kDict ? "dict_reversekeyiterator"
+                                                         : "reversed";
+         return Value::FromObject(Value::Kind::kGenerator,
+                                  std::make_shared<GeneratorObject>(std::move(items), name, /*plain=*/true));
        }},
       {"round", [](Interpreter&, const Value& v, CallArgs& a) {
          ArgBinder b(a, "round", {"precision", "method"});
@@ -1280,12 +1293,19 @@ const std::map<std::string, FilterFn>& Filters() {
          ArgBinder b(a, "trim", {"chars"});
          return Value(PyStrip(v.Str(), b.Get(0, Value::None()), true, true));
        }},
-      {"truncate", [](Interpreter&, const Value& v, CallArgs& a) {
+      {"truncate", [](Interpreter& i, const Value& v, CallArgs& a) {
          ArgBinder b(a, "truncate", {"length", "killwords", "end", "leeway"});
-         const Value leeway = b.Get(3, Value::None());
-         return Value(Truncate(NeedStr(v, "truncate value"), NeedInt(b.Get(0, Value(255)), "length"),
-                               b.Get(1, Value(false)).Truthy(), b.Get(2, Value("...")).Str(),
-                               leeway.is_none() ? 5 : NeedInt(leeway, "leeway")));
+         const Value leeway_v = b.Get(3, Value::None());
+         const int64_t length = NeedInt(b.Get(0, Value(255)), "length");
+         const int64_t leeway = leeway_v.is_none() ? 5 : NeedInt(leeway_v, "leeway");
+         const std::string end = b.Get(2, Value("...")).Str();
+         if (!v.is_string()) {
+           // Python measures any sized value; only a short one comes back unchanged.
+           if (length < static_cast<int64_t>(CodePointCount(end))) Fail("expected length >= len(end)");
+           if (i.Length(v) <= length + leeway) return v;
+           TypeError(absl::StrCat("'", v.TypeName(), "' object has no attribute 'rsplit'"));
+         }
+         return Value(Truncate(v.string_value(), length, b.Get(1, Value(false)).Truthy(), end, leeway));
        }},
       {"unique", [](Interpreter& i, const Value& v, CallArgs& a) {
          ArgBinder b(a, "unique", {"case_sensitive", "attribute"});
@@ -1293,9 +1313,7 @@ const std::map<std::string, FilterFn>& Filters() {
          std::vector<Value> seen, out;
          for (Value& x : i.Iterate(v)) {
            Value k = key(x);
-           if (k.kind() == Value::Kind::kList || k.kind() == Value::Kind::kDict) {
-             TypeError(absl::StrCat("unhashable type: '", k.TypeName(), "'"));
-           }
+           CheckHashable(k);
            bool dup = false;
            for (const Value& s : seen) dup = dup || PyEquals(s, k);
            if (!dup) {
@@ -1583,11 +1601,16 @@ std::string PyReplace(const std::string& s, const std::string& old, const std::s
 std::string PyPercentFormat(const std::string& fmt, const Value& args) {
   std::vector<Value> positional;
   const Dict* mapping = nullptr;
+  // CPython treats any non-tuple, non-str argument with __getitem__ (list, dict) as a
+  // mapping: then surplus arguments are not an error.
+  bool mapping_like = false;
   if (args.kind() == Value::Kind::kTuple) {
     positional = args.list_value();
   } else {
     positional.push_back(args);
     if (args.kind() == Value::Kind::kDict) mapping = &args.dict_value();
+    mapping_like = args.kind() == Value::Kind::kDict || args.kind() == Value::Kind::kList ||
+                   args.kind() == Value::Kind::kUndefined;
   }
   size_t next = 0;
   bool used_mapping = false;
@@ -1609,7 +1632,11 @@ std::string PyPercentFormat(const std::string& fmt, const Value& args) {
     if (fmt[i] == '(') {
       const size_t close = fmt.find(')', i);
       if (close == std::string::npos) Fail("incomplete format key");
-      if (mapping == nullptr) TypeError("format requires a mapping");
+      if (mapping == nullptr) {
+        if (args.is_undefined()) FailUndefined(args);
+        if (args.kind() == Value::Kind::kList) TypeError("list indices must be integers or slices, not str");
+        TypeError("format requires a mapping");
+      }
       const Value* v = mapping->Find(Value(fmt.substr(i + 1, close - i - 1)));
       if (v == nullptr) Fail(absl::StrCat("KeyError: '", fmt.substr(i + 1, close - i - 1), "'"));
       arg = *v;
@@ -1742,7 +1769,7 @@ std::string PyPercentFormat(const std::string& fmt, const Value& args) {
         Fail(absl::StrCat("unsupported format character '", std::string(1, conv), "'"));
     }
   }
-  if (!used_mapping && mapping == nullptr && next < positional.size()) {
+  if (!used_mapping && !mapping_like && next < positional.size()) {
     TypeError("not all arguments converted during string formatting");
   }
   return out;
@@ -1899,8 +1926,8 @@ std::string Strftime(const std::string& fmt, const CivilTime& t) {
   return "";
 }
 
-bool Interpreter::HasFilter(const std::string& name) const { return Filters().count(name) > 0 || name == "d" || name == "e"; }
-bool Interpreter::HasTest(const std::string& name) const { return Tests().count(name) > 0; }
+bool Interpreter::HasFilter(const std::string& name) { return Filters().count(name) > 0 || name == "d" || name == "e"; }
+bool Interpreter::HasTest(const std::string& name) { return Tests().count(name) > 0; }
 
 Value Interpreter::CallFilter(const std::string& name, const Value& value, CallArgs& args) {
   const std::string& key = name == "d" ? std::string("default") : name == "e" ? std::string("escape") : name;

@@ -13,7 +13,7 @@
 namespace echokv::jinja::internal {
 namespace {
 
-constexpr int kMaxCallDepth = 200;  // macro recursion guard (Python's limit is ~1000 frames)
+constexpr int kMaxCallDepth = 100;  // macro recursion guard (bounds the C++ stack)
 
 bool IsNum(const Value& v) { return v.is_number(); }
 bool IsIntLike(const Value& v) { return v.kind() == Value::Kind::kInt || v.kind() == Value::Kind::kBool; }
@@ -47,6 +47,21 @@ int64_t FloorMod(int64_t a, int64_t b) {
   return m;
 }
 
+// CPython's float_divmod, floor part.
+double PyFloatFloorDiv(double vx, double wx) {
+  double mod = std::fmod(vx, wx);
+  double div = (vx - mod) / wx;
+  if (mod != 0) {
+    if ((wx < 0) != (mod < 0)) div -= 1.0;
+  }
+  if (div != 0) {
+    double floordiv = std::floor(div);
+    if (div - floordiv > 0.5) floordiv += 1.0;
+    return floordiv;
+  }
+  return std::copysign(0.0, vx / wx);
+}
+
 double PyFloatMod(double a, double b) {
   double m = std::fmod(a, b);
   if (m != 0) {
@@ -74,7 +89,7 @@ Value Repeat(const Value& seq, int64_t n) {
 void SliceIndices(int64_t len, const Value& start_v, const Value& stop_v, const Value& step_v,
                   int64_t* start, int64_t* stop, int64_t* step) {
   const auto as_int = [](const Value& v) -> std::optional<int64_t> {
-    if (v.is_none() || v.is_undefined()) return std::nullopt;
+    if (v.is_none()) return std::nullopt;
     if (!IsIntLike(v)) TypeError("slice indices must be integers or None or have an __index__ method");
     return v.int_value();
   };
@@ -141,6 +156,20 @@ std::string ObjectTypeRepr(const Value& v) {
   }
 }
 
+void CheckHashable(const Value& v) {
+  switch (v.kind()) {
+    case Value::Kind::kList:
+    case Value::Kind::kDict:
+    case Value::Kind::kNamespace:
+      TypeError(absl::StrCat("unhashable type: '", v.TypeName(), "'"));
+    case Value::Kind::kTuple:
+      for (const Value& i : v.list_value()) CheckHashable(i);
+      return;
+    default:
+      return;
+  }
+}
+
 void FailUndefined(const Value& undefined) {
   const std::string& hint = undefined.string_value();
   Fail(hint.empty() ? "undefined value" : hint);
@@ -187,19 +216,33 @@ Interpreter::Flow Interpreter::ExecStmt(const Stmt& s, const ScopePtr& scope, st
         *out += s.text;
         return Flow::kNormal;
       case Stmt::Kind::kOutput:
+        if (s.const_output) {
+          // Jinja folded this at compile time; if folding fails it runs as usual.
+          as_const_ = true;
+          try {
+            std::string text = Eval(*s.expr, scope).Str();
+            as_const_ = false;
+            *out += text;
+            return Flow::kNormal;
+          } catch (const TemplateError&) {
+            as_const_ = false;
+          }
+        }
         *out += Eval(*s.expr, scope).Str();
         return Flow::kNormal;
       case Stmt::Kind::kIf:
         return Exec(Eval(*s.expr, scope).Truthy() ? s.body : s.else_body, scope, out);
       case Stmt::Kind::kFor:
-        ExecFor(s, scope, out);
-        return Flow::kNormal;
+        return ExecFor(s, scope, out);
       case Stmt::Kind::kAssign:
         Assign(s.target, Eval(*s.expr, scope), scope);
         return Flow::kNormal;
       case Stmt::Kind::kAssignBlock: {
         std::string text;
-        Exec(s.body, std::make_shared<Scope>(scope), &text);
+        // break / continue inside the block leave the loop before the assignment,
+        // as in Jinja's generated code.
+        const Flow f = Exec(s.body, std::make_shared<Scope>(scope), &text);
+        if (f != Flow::kNormal) return f;
         Value v(std::move(text));
         if (s.expr) {
           // The filter chain was parsed with a null innermost operand.
@@ -227,7 +270,8 @@ Interpreter::Flow Interpreter::ExecStmt(const Stmt& s, const ScopePtr& scope, st
       }
       case Stmt::Kind::kFilterBlock: {
         std::string text;
-        Exec(s.body, std::make_shared<Scope>(scope), &text);
+        const Flow flow = Exec(s.body, std::make_shared<Scope>(scope), &text);
+        if (flow != Flow::kNormal) return flow;  // the filtered text is never written
         Value v(std::move(text));
         std::vector<const Expr*> chain;
         for (const Expr* f = s.expr.get(); f != nullptr; f = f->a.get()) chain.push_back(f);
@@ -243,8 +287,7 @@ Interpreter::Flow Interpreter::ExecStmt(const Stmt& s, const ScopePtr& scope, st
         for (size_t i = 0; i < s.targets.size(); ++i) {
           Assign(s.targets[i], Eval(*s.values[i], scope), inner);
         }
-        Exec(s.body, inner, out);
-        return Flow::kNormal;
+        return Exec(s.body, inner, out);
       }
       case Stmt::Kind::kBreak:
         return Flow::kBreak;
@@ -288,8 +331,14 @@ void Interpreter::Assign(const Target& t, const Value& v, const ScopePtr& scope)
   }
 }
 
-void Interpreter::ExecFor(const Stmt& s, const ScopePtr& scope, std::string* out) {
-  std::vector<Value> items = Iterate(Eval(*s.expr, scope));
+Interpreter::Flow Interpreter::ExecFor(const Stmt& s, const ScopePtr& scope, std::string* out) {
+  std::vector<Value> items;
+  try {
+    items = Iterate(Eval(*s.expr, scope));
+  } catch (TemplateError& e) {
+    if (e.offset == TemplateError::kUnknown) e.offset = s.expr->offset;
+    throw;
+  }
   if (s.test) {
     std::vector<Value> kept;
     for (Value& item : items) {
@@ -299,20 +348,26 @@ void Interpreter::ExecFor(const Stmt& s, const ScopePtr& scope, std::string* out
     }
     items = std::move(kept);
   }
-  if (items.empty()) {
-    Exec(s.else_body, std::make_shared<Scope>(scope), out);
-    return;
+  // Jinja clears its "no iteration" flag at the end of the body, so the else block
+  // also runs when every iteration ended in break or continue.
+  bool completed = false;
+  if (!items.empty()) {
+    auto loop = std::make_shared<LoopObject>();
+    loop->items = items;
+    const Value loop_value = Value::FromObject(Value::Kind::kCallable, loop);
+    for (size_t i = 0; i < items.size(); ++i) {
+      loop->index0 = static_cast<int64_t>(i);
+      auto inner = std::make_shared<Scope>(scope);
+      Assign(s.target, items[i], inner);
+      inner->Set("loop", loop_value);
+      const Flow f = Exec(s.body, inner, out);
+      if (f == Flow::kBreak) break;
+      if (f == Flow::kNormal) completed = true;
+    }
   }
-  auto loop = std::make_shared<LoopObject>();
-  loop->items = items;
-  const Value loop_value = Value::FromObject(Value::Kind::kCallable, loop);
-  for (size_t i = 0; i < items.size(); ++i) {
-    loop->index0 = static_cast<int64_t>(i);
-    auto inner = std::make_shared<Scope>(scope);
-    Assign(s.target, items[i], inner);
-    inner->Set("loop", loop_value);
-    if (Exec(s.body, inner, out) == Flow::kBreak) break;
-  }
+  // The else block belongs to the enclosing loop's body: its break / continue act there.
+  if (!completed && !s.else_body.empty()) return Exec(s.else_body, std::make_shared<Scope>(scope), out);
+  return Flow::kNormal;
 }
 
 Value Interpreter::MakeMacro(const std::string& name, std::shared_ptr<const MacroSignature> sig,
@@ -455,7 +510,12 @@ Value Interpreter::EvalInner(const Expr& e, const ScopePtr& scope) {
           return obj.kind() == Value::Kind::kTuple ? Value::MakeTuple(std::move(out))
                                                    : Value::MakeList(std::move(out));
         }
-        return Value::Undefined(absl::StrCat(ObjectTypeRepr(obj), " has no element slice"));
+        // Jinja compiles slices to plain Python subscripts (no sandbox getitem), so
+        // anything but str / list / tuple raises - except when it folded the
+        // expression at compile time, where the sandbox getitem gave undefined.
+        if (as_const_) return Value::Undefined(absl::StrCat(ObjectTypeRepr(obj), " has no element slice"));
+        if (obj.kind() == Value::Kind::kDict) TypeError("unhashable type: 'slice'");
+        TypeError(absl::StrCat("'", obj.TypeName(), "' object is not subscriptable"));
       }
       return GetItem(obj, Eval(*e.b, scope));
     }
@@ -472,10 +532,7 @@ Value Interpreter::EvalInner(const Expr& e, const ScopePtr& scope) {
       Dict d;
       for (size_t i = 0; i + 1 < e.items.size(); i += 2) {
         Value k = Eval(*e.items[i], scope);
-        if (k.kind() == Value::Kind::kList || k.kind() == Value::Kind::kDict ||
-            k.kind() == Value::Kind::kNamespace) {
-          TypeError(absl::StrCat("unhashable type: '", k.TypeName(), "'"));
-        }
+        CheckHashable(k);
         d.Set(std::move(k), Eval(*e.items[i + 1], scope));
       }
       return Value::MakeDict(std::move(d));
@@ -505,6 +562,14 @@ Value Interpreter::EvalInner(const Expr& e, const ScopePtr& scope) {
       }
       Value a = Eval(*e.a, scope);
       Value b = Eval(*e.b, scope);
+      if (e.negative_const_base && (a.kind() == Value::Kind::kInt || a.kind() == Value::Kind::kFloat) &&
+          AsDouble(a) < 0) {
+        // Jinja writes a folded negative constant base without parentheses, so
+        // Python computes -(|a| ** b) (see Expr::negative_const_base).
+        const Value magnitude = a.kind() == Value::Kind::kInt ? Value(-a.int_value()) : Value(-a.float_value());
+        const Value r = Binary(e.name, magnitude, b);
+        return r.kind() == Value::Kind::kInt ? Value(-r.int_value()) : Value(-r.float_value());
+      }
       return Binary(e.name, a, b);
     }
     case Expr::Kind::kConcat: {
@@ -570,6 +635,8 @@ Value Interpreter::CallValue(const Value& callee, CallArgs& args) {
 }
 
 Value Interpreter::Binary(const std::string& op, const Value& a, const Value& b) {
+  // str % x formats x whatever it is (Undefined prints as "").
+  if (op == "%" && a.is_string()) return Value(PyPercentFormat(a.string_value(), b));
   if (a.is_undefined()) FailUndefined(a);
   if (b.is_undefined()) FailUndefined(b);
   if (IsNum(a) && IsNum(b)) {
@@ -589,7 +656,7 @@ Value Interpreter::Binary(const std::string& op, const Value& a, const Value& b)
         return Value(FloorDiv(x, y));
       }
       if (fy == 0) Fail("float floor division by zero");
-      return Value(std::floor((fx - PyFloatMod(fx, fy)) / fy + 0.0));
+      return Value(PyFloatFloorDiv(fx, fy));
     }
     if (op == "%") {
       if (ints) {
@@ -611,7 +678,12 @@ Value Interpreter::Binary(const std::string& op, const Value& a, const Value& b)
         return Value(static_cast<int64_t>(r));
       }
       if (fx == 0 && fy < 0) Fail("0.0 cannot be raised to a negative power");
-      return Value(std::pow(fx, fy));
+      if (fx < 0 && std::isfinite(fy) && fy != std::floor(fy)) {
+        Fail("a negative number to a fractional power is complex (not supported)");
+      }
+      const double r = std::pow(fx, fy);
+      if (std::isinf(r) && std::isfinite(fx) && std::isfinite(fy)) Fail("(34, 'Numerical result out of range')");
+      return Value(r);
     }
     Unsupported(op, a, b);
   }
@@ -676,7 +748,6 @@ bool Interpreter::Contains(const Value& container, const Value& item) {
   switch (container.kind()) {
     case Value::Kind::kString:
       if (!item.is_string()) {
-        if (item.is_undefined()) return false;
         TypeError(absl::StrCat("'in <string>' requires string as left operand, not ", item.TypeName()));
       }
       return container.string_value().find(item.string_value()) != std::string::npos;
@@ -687,9 +758,7 @@ bool Interpreter::Contains(const Value& container, const Value& item) {
       }
       return false;
     case Value::Kind::kDict:
-      if (item.kind() == Value::Kind::kList || item.kind() == Value::Kind::kDict) {
-        TypeError(absl::StrCat("unhashable type: '", item.TypeName(), "'"));
-      }
+      CheckHashable(item);
       return container.dict_value().Find(item) != nullptr;
     case Value::Kind::kUndefined:
       return false;
@@ -820,7 +889,13 @@ Value Interpreter::GetItem(const Value& obj, const Value& key) {
   if (obj.is_undefined()) FailUndefined(obj);
   switch (obj.kind()) {
     case Value::Kind::kDict: {
-      if (key.kind() == Value::Kind::kList || key.kind() == Value::Kind::kDict) break;
+      bool hashable = true;
+      try {
+        CheckHashable(key);
+      } catch (const TemplateError&) {
+        hashable = false;  // Python's TypeError, which the sandbox getitem swallows
+      }
+      if (!hashable) break;
       const Value* v = obj.dict_value().Find(key);
       if (v != nullptr) return *v;
       break;

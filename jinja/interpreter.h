@@ -84,8 +84,8 @@ class Interpreter {
   Value CallValue(const Value& callee, CallArgs& args);
   Value CallFilter(const std::string& name, const Value& value, CallArgs& args);
   bool CallTest(const std::string& name, const Value& value, CallArgs& args);
-  bool HasFilter(const std::string& name) const;
-  bool HasTest(const std::string& name) const;
+  static bool HasFilter(const std::string& name);
+  static bool HasTest(const std::string& name);
 
   // env.getattr / env.getitem of the sandbox.
   Value GetAttr(const Value& obj, const std::string& name);
@@ -111,16 +111,21 @@ class Interpreter {
   Flow ExecStmt(const Stmt& s, const ScopePtr& scope, std::string* out);
   Value EvalInner(const Expr& e, const ScopePtr& scope);
   void Assign(const Target& t, const Value& v, const ScopePtr& scope);
-  void ExecFor(const Stmt& s, const ScopePtr& scope, std::string* out);
+  Flow ExecFor(const Stmt& s, const ScopePtr& scope, std::string* out);
   Value MakeMacro(const std::string& name, std::shared_ptr<const MacroSignature> sig, const Body* body,
                   const ScopePtr& scope);
   CallArgs EvalArgs(const Expr& e, const ScopePtr& scope);
 
   const RenderOptions& options_;  // clock for strftime_now
   int depth_ = 0;                 // macro call depth (recursion guard)
+  bool as_const_ = false;         // evaluating a compile-time constant output
   std::vector<ScopePtr> macro_scopes_;  // scopes a macro closes over (see ~Interpreter)
   std::vector<std::shared_ptr<NamespaceObject>> namespaces_;  // every namespace() made
 };
+
+// Python's hash() precondition: TypeError "unhashable type: 'list'" for lists,
+// dicts, namespaces and tuples holding any of them.
+void CheckHashable(const Value& v);
 
 // "'dict object'"-style name Jinja uses in undefined messages.
 std::string ObjectTypeRepr(const Value& v);

@@ -259,6 +259,8 @@ std::string Unescape(const std::string& raw, size_t offset) {
 const char* const kOperators[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/", "*", "%", "~", "[",
                                   "]",  "(",  ")",  "{",  "}",  ">",  "<", "=", ".", ":", "|", ",", ";"};
 
+constexpr size_t kMaxTokensPerTag = 1000;
+
 class Lexer {
  public:
   Lexer(const std::string& s, bool trim_blocks, bool lstrip_blocks)
@@ -387,7 +389,13 @@ class Lexer {
   size_t Tag(bool variable, size_t tag_start, size_t pos) {
     Emit(variable ? TokenType::kVariableBegin : TokenType::kBlockBegin, "", tag_start);
     std::vector<char> balance;
+    const size_t first_token = tokens_.size();
     while (true) {
+      // One tag's expression becomes one tree that evaluation walks recursively;
+      // bounding its size bounds the C++ stack a template can use.
+      if (tokens_.size() - first_token > kMaxTokensPerTag) {
+        FailAt(tag_start, absl::StrCat("tag too long (more than ", kMaxTokensPerTag, " tokens)"));
+      }
       if (pos >= s_.size()) {
         FailAt(tag_start, variable ? "unexpected end of template, expected '}}'"
                                    : "unexpected end of template, expected '%}'");

@@ -32,10 +32,15 @@ class NamespaceObject : public Object {
 // A Python generator: iterating it consumes it (a second loop sees nothing).
 class GeneratorObject : public Object {
  public:
-  explicit GeneratorObject(std::vector<Value> items, std::string name)
-      : items_(std::move(items)), name_(std::move(name)) {}
-  std::string Repr() const override { return "<generator object " + name_ + ">"; }
-  std::string TypeName() const override { return "generator"; }
+  // `name`: the generator function (repr "<generator object NAME>"), or with `plain`
+  // an iterator type (repr "<NAME object>", e.g. list_reverseiterator). Python adds
+  // " at 0x..." to both; the differential tests strip that.
+  GeneratorObject(std::vector<Value> items, std::string name, bool plain = false)
+      : items_(std::move(items)), name_(std::move(name)), plain_(plain) {}
+  std::string Repr() const override {
+    return plain_ ? "<" + name_ + " object>" : "<generator object " + name_ + ">";
+  }
+  std::string TypeName() const override { return plain_ ? name_ : "generator"; }
   // Takes every item not consumed yet.
   std::vector<Value> TakeAll() {
     std::vector<Value> rest(items_.begin() + static_cast<std::ptrdiff_t>(pos_), items_.end());
@@ -52,7 +57,8 @@ class GeneratorObject : public Object {
  private:
   std::vector<Value> items_;  // every item the generator yields
   size_t pos_ = 0;            // items_[..pos_) have been consumed
-  std::string name_;          // the producing function, for repr
+  std::string name_;          // the producing function or iterator type, for repr
+  bool plain_ = false;        // an iterator type rather than a generator function
 };
 
 struct CallArgs {

@@ -12,6 +12,8 @@
 // extends / block / autoescape are refused with a clear error (a chat template is a
 // single string).
 #include <algorithm>
+#include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -19,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "jinja/ast.h"
+#include "jinja/interpreter.h"
 #include "jinja/object.h"
 
 namespace echokv::jinja::internal {
@@ -190,10 +193,12 @@ class Parser {
 
   // `:`? block_end, then statements up to one of end_tokens; `drop` consumes it.
   Body ParseStatements(const std::vector<std::string>& end_tokens, bool drop) {
+    if (++block_depth_ > kMaxNesting) FailAt(cur().offset, "blocks nested too deeply");
     SkipOp(":");
     Expect(TokenType::kBlockEnd, "end of statement block");
     Body body = Subparse(end_tokens);
     if (drop) Next();
+    --block_depth_;
     return body;
   }
 
@@ -234,7 +239,10 @@ class Parser {
       // transformers' AssistantTracker: the body renders as is.
       Next();
       auto s = NewStmt(Stmt::Kind::kScope, offset);
+      const int saved = loop_depth_;  // a call block in Jinja: no break / continue inside
+      loop_depth_ = 0;
       s->body = ParseStatements({"endgeneration"}, true);
+      loop_depth_ = saved;
       return out->push_back(std::move(s));
     }
     if (name == "include" || name == "import" || name == "from" || name == "extends" ||
@@ -274,6 +282,7 @@ class Parser {
     ++loop_depth_;
     node->body = ParseStatements({"endfor", "else"}, false);
     --loop_depth_;
+    // (the else block runs after the loop: break / continue there act on an outer one)
     if (Next().value != "endfor") node->else_body = ParseStatements({"endfor"}, true);
     return node;
   }
@@ -456,7 +465,11 @@ class Parser {
   }
 
   ExprPtr ParseExpression(bool with_condexpr) {
-    return with_condexpr ? ParseCondExpr() : ParseOr();
+    // Nesting is bounded so that a hostile template cannot exhaust the C++ stack.
+    if (++nesting_ > kMaxNesting) FailAt(cur().offset, "expression nested too deeply");
+    ExprPtr e = with_condexpr ? ParseCondExpr() : ParseOr();
+    --nesting_;
+    return e;
   }
 
   ExprPtr ParseCondExpr() {
@@ -496,8 +509,10 @@ class Parser {
 
   ExprPtr ParseNot() {
     if (IsName(cur(), "not")) {
+      if (++nesting_ > kMaxNesting) FailAt(cur().offset, "expression nested too deeply");
       auto e = NewExpr(Expr::Kind::kNot, Next().offset);
       e->a = ParseNot();
+      --nesting_;
       return e;
     }
     return ParseCompare();
@@ -572,14 +587,13 @@ class Parser {
   ExprPtr ParseUnary(bool with_filter) {
     const size_t offset = cur().offset;
     ExprPtr node;
-    if (IsOp(cur(), "-")) {
+    if (IsOp(cur(), "-") || IsOp(cur(), "+")) {
+      if (++nesting_ > kMaxNesting) FailAt(offset, "expression nested too deeply");
+      const bool neg = IsOp(cur(), "-");
       Next();
-      node = NewExpr(Expr::Kind::kNeg, offset);
+      node = NewExpr(neg ? Expr::Kind::kNeg : Expr::Kind::kPos, offset);
       node->a = ParseUnary(false);
-    } else if (IsOp(cur(), "+")) {
-      Next();
-      node = NewExpr(Expr::Kind::kPos, offset);
-      node->a = ParseUnary(false);
+      --nesting_;
     } else {
       node = ParsePrimary();
     }
@@ -683,13 +697,13 @@ class Parser {
     if (t.value == ".") {
       const Token& attr = Next();
       if (attr.type == TokenType::kName) {
-        auto e = NewExpr(Expr::Kind::kGetattr, t.offset);
+        auto e = NewExpr(Expr::Kind::kGetattr, node->offset);
         e->a = std::move(node);
         e->name = attr.value;
         return e;
       }
       if (attr.type != TokenType::kInteger) FailAt(attr.offset, "expected name or number");
-      auto e = NewExpr(Expr::Kind::kGetitem, t.offset);
+      auto e = NewExpr(Expr::Kind::kGetitem, node->offset);
       e->a = std::move(node);
       e->b = NewExpr(Expr::Kind::kConst, attr.offset);
       e->b->value = Value(attr.int_value);
@@ -702,7 +716,7 @@ class Parser {
       args.push_back(ParseSubscribed());
     }
     ExpectOp("]");
-    auto e = NewExpr(Expr::Kind::kGetitem, t.offset);
+    auto e = NewExpr(Expr::Kind::kGetitem, node->offset);
     e->a = std::move(node);
     if (args.size() == 1) {
       e->b = std::move(args[0]);
@@ -772,7 +786,7 @@ class Parser {
   }
 
   ExprPtr ParseCall(ExprPtr node) {
-    auto e = NewExpr(Expr::Kind::kCall, cur().offset);
+    auto e = NewExpr(Expr::Kind::kCall, node->offset);
     e->a = std::move(node);
     ParseCallArgs(e.get());
     return e;
@@ -823,13 +837,254 @@ class Parser {
     return n;
   }
 
+  static constexpr int kMaxNesting = 200;
   std::vector<Token> t_;  // the token stream (ends with kEof)
+  int nesting_ = 0;       // expressions being parsed inside one another
+  int block_depth_ = 0;   // statement blocks being parsed inside one another
   size_t pos_ = 0;        // current token
   int loop_depth_ = 0;    // for-loops around the current point (inside one macro)
 };
 
+// What Jinja checks when it compiles a template, before any of it runs:
+// - an unknown filter or test is an error unless it sits inside an `if` (test or
+//   branches) or an inline if-expression, without a for / macro / call / filter /
+//   with / set block in between (Jinja's "soft frames");
+// - the optimizer folds constant expressions, and a constant dict literal with an
+//   unhashable constant key fails right there (even in a branch never taken).
+class CompileChecks {
+ public:
+  // The one folding failure Jinja does not turn into "fold at run time instead".
+  struct UnhashableKey {
+    TemplateError error;
+  };
+
+  void Run(Body& body) {
+    try {
+      Statements(body, false);
+    } catch (const UnhashableKey& u) {
+      throw u.error;
+    }
+  }
+
+  void Statements(Body& body, bool soft) {
+    for (StmtPtr& s : body) Statement(*s, soft);
+  }
+
+ private:
+  void Statement(Stmt& s, bool soft) {
+    switch (s.kind) {
+      case Stmt::Kind::kData:
+      case Stmt::Kind::kBreak:
+      case Stmt::Kind::kContinue:
+        return;
+      case Stmt::Kind::kOutput:
+        s.const_output = IsConst(*s.expr);
+        return Expression(s.expr.get(), soft);
+      case Stmt::Kind::kAssign:
+        return Expression(s.expr.get(), soft);
+      case Stmt::Kind::kIf:
+        Expression(s.expr.get(), true);
+        Statements(s.body, true);
+        return Statements(s.else_body, true);
+      case Stmt::Kind::kFor:
+        Expression(s.expr.get(), soft);
+        Expression(s.test.get(), false);
+        Statements(s.body, false);
+        return Statements(s.else_body, false);
+      case Stmt::Kind::kAssignBlock:
+      case Stmt::Kind::kFilterBlock:
+        Expression(s.expr.get(), false);
+        return Statements(s.body, false);
+      case Stmt::Kind::kMacro:
+      case Stmt::Kind::kCallBlock:
+        if (s.kind == Stmt::Kind::kCallBlock) Expression(s.expr.get(), soft);
+        for (const ExprPtr& d : s.signature->defaults) Expression(d.get(), false);
+        return Statements(s.body, false);
+      case Stmt::Kind::kWith:
+        for (ExprPtr& v : s.values) Expression(v.get(), soft);
+        return Statements(s.body, false);
+      case Stmt::Kind::kScope:
+        return Statements(s.body, false);
+    }
+  }
+
+  // Jinja's optimizer runs on the subtree of these node kinds (its @optimizeconst
+  // visitors); a dict literal is only folded when it sits under one of them.
+  static bool TriggersFolding(Expr::Kind k) {
+    switch (k) {
+      case Expr::Kind::kNeg:
+      case Expr::Kind::kPos:
+      case Expr::Kind::kNot:
+      case Expr::Kind::kBinary:
+      case Expr::Kind::kConcat:
+      case Expr::Kind::kCompare:
+      case Expr::Kind::kGetattr:
+      case Expr::Kind::kGetitem:
+      case Expr::Kind::kFilter:
+      case Expr::Kind::kTest:
+      case Expr::Kind::kCond:
+      case Expr::Kind::kCall:
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  // Whether Jinja's as_const succeeds on `e` (approximately: filters and tests that
+  // need the context - map, select, reject, selectattr, rejectattr - never fold).
+  static bool IsConst(const Expr& e) {
+    const auto all = [](const Expr& x) {
+      for (const Expr* p : {x.a.get(), x.b.get(), x.c.get(), x.d.get()}) {
+        if (p != nullptr && !IsConst(*p)) return false;
+      }
+      for (const ExprPtr& i : x.items) {
+        if (!IsConst(*i)) return false;
+      }
+      for (const auto& kv : x.kwargs) {
+        if (!IsConst(*kv.second)) return false;
+      }
+      for (const auto& op : x.ops) {
+        if (!IsConst(*op.second)) return false;
+      }
+      return !x.dyn_args && !x.dyn_kwargs;
+    };
+    switch (e.kind) {
+      case Expr::Kind::kConst:
+        return true;
+      case Expr::Kind::kName:
+      case Expr::Kind::kCall:
+        return false;
+      case Expr::Kind::kCond:
+        return e.c != nullptr && all(e);
+      case Expr::Kind::kFilter:
+        if (e.a == nullptr || !Interpreter::HasFilter(e.name)) return false;
+        if (e.name == "map" || e.name == "select" || e.name == "reject" || e.name == "selectattr" ||
+            e.name == "rejectattr") {
+          return false;
+        }
+        return all(e);
+      case Expr::Kind::kTest:
+        return Interpreter::HasTest(e.name) && all(e);
+      default:
+        return all(e);
+    }
+  }
+
+  void Expression(Expr* e, bool soft, bool folding = false) {
+    if (e == nullptr) return;
+    if (e->kind == Expr::Kind::kBinary && e->name == "**" && IsConst(*e->a) && !IsConst(*e->b)) {
+      e->negative_const_base = true;
+    }
+    if (e->kind == Expr::Kind::kCond) soft = true;
+    folding = folding || TriggersFolding(e->kind);
+    Expression(e->a.get(), soft, folding);
+    Expression(e->b.get(), soft, folding);
+    Expression(e->c.get(), soft, folding);
+    Expression(e->d.get(), soft, folding);
+    for (ExprPtr& i : e->items) Expression(i.get(), soft, folding);
+    for (auto& kv : e->kwargs) Expression(kv.second.get(), soft, folding);
+    Expression(e->dyn_args.get(), soft, folding);
+    Expression(e->dyn_kwargs.get(), soft, folding);
+    for (auto& op : e->ops) Expression(op.second.get(), soft, folding);
+    if (e->kind == Expr::Kind::kFilter && !soft && !Interpreter::HasFilter(e->name)) {
+      FailAt(e->offset, absl::StrCat("No filter named '", e->name, "'."));
+    }
+    if (e->kind == Expr::Kind::kTest && !soft && !Interpreter::HasTest(e->name)) {
+      FailAt(e->offset, absl::StrCat("No test named '", e->name, "'."));
+    }
+    if (e->kind == Expr::Kind::kDict && folding) Const(*e);
+  }
+
+  static bool Hashable(const Value& v) {
+    if (v.kind() == Value::Kind::kList || v.kind() == Value::Kind::kDict) return false;
+    if (v.kind() == Value::Kind::kTuple) {
+      for (const Value& i : v.list_value()) {
+        if (!Hashable(i)) return false;
+      }
+    }
+    return true;
+  }
+
+  // Jinja's as_const: the value when `e` folds to a constant.
+  std::optional<Value> Const(const Expr& e) {
+    try {
+      switch (e.kind) {
+        case Expr::Kind::kConst:
+          return e.value;
+        case Expr::Kind::kList:
+        case Expr::Kind::kTuple: {
+          std::vector<Value> items;
+          for (const ExprPtr& i : e.items) {
+            std::optional<Value> v = Const(*i);
+            if (!v) return std::nullopt;
+            items.push_back(*std::move(v));
+          }
+          return e.kind == Expr::Kind::kList ? Value::MakeList(std::move(items)) : Value::MakeTuple(std::move(items));
+        }
+        case Expr::Kind::kDict: {
+          Dict d;
+          for (size_t i = 0; i + 1 < e.items.size(); i += 2) {
+            std::optional<Value> k = Const(*e.items[i]);
+            if (!k) return std::nullopt;
+            std::optional<Value> v = Const(*e.items[i + 1]);
+            if (!v) return std::nullopt;
+            if (!Hashable(*k)) {
+              const Value* bad = &*k;
+              while (bad->kind() == Value::Kind::kTuple) {
+                for (const Value& x : bad->list_value()) {
+                  if (!Hashable(x)) {
+                    bad = &x;
+                    break;
+                  }
+                }
+              }
+              throw UnhashableKey{TemplateError{absl::StrCat("unhashable type: '", bad->TypeName(), "'"),
+                                                e.items[i]->offset}};
+            }
+            d.Set(*std::move(k), *std::move(v));
+          }
+          return Value::MakeDict(std::move(d));
+        }
+        case Expr::Kind::kNot: {
+          std::optional<Value> v = Const(*e.a);
+          if (!v) return std::nullopt;
+          return Value(!v->Truthy());
+        }
+        case Expr::Kind::kNeg:
+        case Expr::Kind::kPos:
+        case Expr::Kind::kBinary:
+        case Expr::Kind::kConcat:
+        case Expr::Kind::kCompare: {
+          // Folding these only matters for what they contain (done above) and for
+          // keys built from them: evaluate with a throwaway interpreter.
+          std::vector<const Expr*> parts = {e.a.get(), e.b.get()};
+          for (const ExprPtr& i : e.items) parts.push_back(i.get());
+          for (const auto& op : e.ops) parts.push_back(op.second.get());
+          for (const Expr* p : parts) {
+            if (p != nullptr && !Const(*p)) return std::nullopt;
+          }
+          RenderOptions options;
+          Interpreter interp(options);
+          auto scope = std::make_shared<Scope>(nullptr);
+          return interp.Eval(e, scope);
+        }
+        default:
+          return std::nullopt;
+      }
+    } catch (const UnhashableKey&) {
+      throw;
+    } catch (const TemplateError&) {
+      return std::nullopt;  // Jinja's Impossible: left for run time
+    }
+  }
+};
+
 }  // namespace
 
-Body Parse(std::vector<Token> tokens) { return Parser(std::move(tokens)).ParseTemplate(); }
+Body Parse(std::vector<Token> tokens) {
+  Body body = Parser(std::move(tokens)).ParseTemplate();
+  CompileChecks().Run(body);
+  return body;
+}
 
 }  // namespace echokv::jinja::internal

@@ -303,7 +303,12 @@ std::string PyLower(absl::string_view s) {
   }
   const std::u32string in = Decode(s);
   std::u32string out;
-  for (size_t i = 0; i < in.size(); ++i) {
+  for (size_t i = 0; i < in.size(); ++i) AppendLowerAt(in, i, &out);
+  return Encode(out);
+}
+
+void AppendLowerAt(const std::u32string& in, size_t i, std::u32string* out) {
+  {
     if (in[i] == 0x03A3) {
       // Final_Sigma: a cased letter before (skipping case-ignorables) and none after.
       bool before = false, after = false;
@@ -317,12 +322,11 @@ std::string PyLower(absl::string_view s) {
         after = IsCased(in[j]);
         break;
       }
-      out.push_back(before && !after ? 0x03C2 : 0x03C3);
-      continue;
+      out->push_back(before && !after ? 0x03C2 : 0x03C3);
+      return;
     }
-    AppendLower(in[i], &out);
+    AppendLower(in[i], out);
   }
-  return Encode(out);
 }
 
 }  // namespace echokv::jinja::internal

@@ -40,6 +40,9 @@ bool IsCaseIgnorable(char32_t c);
 // str.capitalize and str.title use for a word's first character).
 std::string PyUpper(absl::string_view s);
 std::string PyLower(absl::string_view s);
+// Appends the lower case of cps[i], with Python's Final_Sigma rule looking at the
+// whole of `cps` (str.capitalize / str.title lower inside the full string).
+void AppendLowerAt(const std::u32string& cps, size_t i, std::u32string* out);
 void AppendTitle(char32_t c, std::u32string* out);
 void AppendUpper(char32_t c, std::u32string* out);
 void AppendLower(char32_t c, std::u32string* out);
