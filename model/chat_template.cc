@@ -1,131 +1,175 @@
 #include "model/chat_template.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
 
 #include "absl/status/status.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "jinja/chat.h"
+#include "jinja/value.h"
 #include "nlohmann/json.hpp"
 
 namespace echokv::model {
 namespace {
 
-using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
 
-constexpr char kQwen25System[] =
-    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
-constexpr char kQwen2System[] = "You are a helpful assistant.";
+// ---- built-in templates (ordinary Jinja; see the header for what they render) ----
 
-ChatSegment Text(std::string text) { return {ChatSegment::Kind::kText, std::move(text)}; }
-ChatSegment Special(std::string text) { return {ChatSegment::Kind::kSpecialToken, std::move(text)}; }
-ChatSegment Bos() { return {ChatSegment::Kind::kBos, "<s>"}; }
-ChatSegment Eos() { return {ChatSegment::Kind::kEos, "</s>"}; }
+constexpr char kChatMl[] = R"JINJA({%- for message in messages %}
+    {{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %})JINJA";
 
-ChatTemplate Make(ChatTemplateFamily family, std::string system = "") {
-  ChatTemplate t;
-  t.family = family;
-  t.default_system_prompt = std::move(system);
-  return t;
-}
+// Qwen2-Instruct's template.
+constexpr char kQwen2[] = R"JINJA({%- for message in messages %}
+    {%- if loop.first and messages[0]['role'] != 'system' %}
+        {{- '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+    {{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %})JINJA";
 
-absl::Status CheckRole(const ChatMessage& m, size_t i) {
-  if (m.role == "system" || m.role == "user" || m.role == "assistant") return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("chat message ", i, ": unknown role '", m.role,
-                                                 "' (system, user or assistant)"));
-}
+// Qwen2.5-Instruct's template, as its tokenizer_config.json ships it.
+constexpr char kQwen25[] = R"JINJA({%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+)JINJA";
 
-// Checks [system] user assistant user ... and returns the index of the first non-system
-// message.
-absl::StatusOr<size_t> CheckAlternation(const std::vector<ChatMessage>& messages) {
-  size_t start = 0;
-  for (size_t i = 0; i < messages.size(); ++i) ECHOKV_RETURN_IF_ERROR(CheckRole(messages[i], i));
-  if (!messages.empty() && messages[0].role == "system") start = 1;
-  if (start == messages.size()) {
-    return absl::InvalidArgumentError("chat has no user message");
-  }
-  for (size_t i = start; i < messages.size(); ++i) {
-    const char* want = ((i - start) % 2 == 0) ? "user" : "assistant";
-    if (messages[i].role != want) {
-      return absl::InvalidArgumentError(absl::StrCat("chat message ", i, ": role '", messages[i].role,
-                                                     "' where '", want,
-                                                     "' was expected (roles must alternate)"));
-    }
-  }
-  return start;
-}
+// Mistral v1 instruct in the form mistral-common tokenizes: each user turn is
+// "[INST] ... [/INST]", each assistant turn " {content}" + EOS (the space stands for
+// the dummy prefix mistral-common's separate encoding gives the answer).
+constexpr char kMistral[] = R"JINJA({%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- if loop_messages | length == 0 %}
+    {{- raise_exception('The conversation has no user message.') }}
+{%- endif %}
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.first and system_message is defined %}
+            {{- '[INST] ' + system_message + '\n\n' + message['content'] + ' [/INST]' }}
+        {%- else %}
+            {{- '[INST] ' + message['content'] + ' [/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- (' ' + message['content'] if message['content'] else '') + eos_token }}
+    {%- else %}
+        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}
+    {%- endif %}
+{%- endfor %})JINJA";
 
-std::vector<ChatSegment> RenderChatMl(const ChatTemplate& t, const std::vector<ChatMessage>& msgs) {
-  std::vector<ChatSegment> out;
-  const auto turn = [&](const std::string& role, const std::string& content) {
-    out.push_back(Special("<|im_start|>"));
-    out.push_back(Text(absl::StrCat(role, "\n", content)));
-    out.push_back(Special("<|im_end|>"));
-    out.push_back(Text("\n"));
-  };
-  size_t start = 0;
-  if (!msgs.empty() && msgs[0].role == "system") {
-    turn("system", msgs[0].content);
-    start = 1;
-  } else if (!t.default_system_prompt.empty()) {
-    turn("system", t.default_system_prompt);
-  }
-  for (size_t i = start; i < msgs.size(); ++i) turn(msgs[i].role, msgs[i].content);
-  if (t.add_generation_prompt) {
-    out.push_back(Special("<|im_start|>"));
-    out.push_back(Text("assistant\n"));
-  }
-  return out;
-}
+// Llama-2-chat's template (Meta's chat_completion format).
+constexpr char kLlama2[] = R"JINJA({%- if messages[0]['role'] == 'system' %}
+    {%- set loop_messages = messages[1:] %}
+    {%- set system_message = messages[0]['content'] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+    {%- set system_message = false %}
+{%- endif %}
+{%- if loop_messages | length == 0 %}
+    {{- raise_exception('The conversation has no user message.') }}
+{%- endif %}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if loop.index0 == 0 and system_message != false %}
+        {%- set content = '<<SYS>>\n' + system_message + '\n<</SYS>>\n\n' + message['content'] %}
+    {%- else %}
+        {%- set content = message['content'] %}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {{- bos_token + '[INST] ' + content.strip() + ' [/INST]' }}
+    {%- elif message['role'] == 'assistant' %}
+        {{- ' ' + content.strip() + ' ' + eos_token }}
+    {%- else %}
+        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}
+    {%- endif %}
+{%- endfor %})JINJA";
 
-absl::StatusOr<std::vector<ChatSegment>> RenderMistral(const std::vector<ChatMessage>& msgs) {
-  ECHOKV_ASSIGN_OR_RETURN(size_t start, CheckAlternation(msgs));
-  std::vector<ChatSegment> out = {Bos()};
-  for (size_t i = start; i < msgs.size(); ++i) {
-    if (msgs[i].role == "user") {
-      std::string content = msgs[i].content;
-      if (i == start && start == 1) content = absl::StrCat(msgs[0].content, "\n\n", content);
-      out.push_back(Text(absl::StrCat("[INST] ", content, " [/INST]")));
-    } else {
-      out.push_back(Text(msgs[i].content));
-      out.push_back(Eos());
-    }
-  }
-  return out;
-}
+struct Builtin {
+  const char* name;
+  const char* source;
+};
+constexpr Builtin kBuiltins[] = {
+    {"chatml", kChatMl}, {"qwen2", kQwen2}, {"qwen2.5", kQwen25}, {"mistral", kMistral}, {"llama2", kLlama2},
+};
 
-absl::StatusOr<std::vector<ChatSegment>> RenderLlama2(const std::vector<ChatMessage>& msgs) {
-  ECHOKV_ASSIGN_OR_RETURN(size_t start, CheckAlternation(msgs));
-  std::vector<ChatSegment> out;
-  for (size_t i = start; i < msgs.size(); i += 2) {
-    std::string user = msgs[i].content;
-    if (i == start && start == 1) {
-      user = absl::StrCat("<<SYS>>\n", msgs[0].content, "\n<</SYS>>\n\n", user);
-    }
-    std::string text = absl::StrCat("[INST] ", absl::StripAsciiWhitespace(user), " [/INST]");
-    out.push_back(Bos());
-    if (i + 1 < msgs.size()) {
-      absl::StrAppend(&text, " ", absl::StripAsciiWhitespace(msgs[i + 1].content), " ");
-      out.push_back(Text(std::move(text)));
-      out.push_back(Eos());
-    } else {
-      out.push_back(Text(std::move(text)));
-    }
-  }
-  return out;
-}
+// ---- files ----
 
-absl::StatusOr<std::string> ReadOptionalFile(const std::string& path) {
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return std::string();
   const std::uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec || size > (64u << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot read ", path, " (or larger than 64 MiB)"));
-  }
+  if (ec) return absl::NotFoundError(absl::StrCat("cannot read ", path, ": ", ec.message()));
+  if (size > (64u << 20)) return absl::InvalidArgumentError(absl::StrCat(path, " is larger than 64 MiB"));
   std::ifstream in(path, std::ios::binary);
   std::ostringstream ss;
   ss << in.rdbuf();
@@ -133,171 +177,284 @@ absl::StatusOr<std::string> ReadOptionalFile(const std::string& path) {
   return ss.str();
 }
 
-}  // namespace
-
-absl::StatusOr<ChatTemplate> ChatTemplateFromName(absl::string_view name) {
-  if (name == "raw") return Make(ChatTemplateFamily::kRaw);
-  if (name == "chatml") return Make(ChatTemplateFamily::kChatMl);
-  if (name == "qwen2") return Make(ChatTemplateFamily::kChatMl, kQwen2System);
-  if (name == "qwen2.5") return Make(ChatTemplateFamily::kChatMl, kQwen25System);
-  if (name == "mistral") return Make(ChatTemplateFamily::kMistral);
-  if (name == "llama2") return Make(ChatTemplateFamily::kLlama2);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown chat template '", name, "' (raw, chatml, qwen2, qwen2.5, mistral, llama2)"));
+// "" when the file does not exist.
+absl::StatusOr<std::string> ReadOptionalFile(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::string();
+  return ReadFile(path);
 }
 
-absl::StatusOr<ChatTemplate> DetectChatTemplate(absl::string_view tokenizer_config_json,
-                                                absl::string_view model_type) {
-  std::string tmpl;
-  if (!tokenizer_config_json.empty()) {
-    json cfg = json::parse(tokenizer_config_json.begin(), tokenizer_config_json.end(), nullptr,
-                           /*allow_exceptions=*/false);
-    if (cfg.is_discarded() || !cfg.is_object()) {
-      return absl::InvalidArgumentError("tokenizer_config.json: invalid JSON");
-    }
-    const json ct = cfg.value("chat_template", json());
-    if (ct.is_string()) {
-      tmpl = ct.get<std::string>();
-    } else if (ct.is_array()) {
-      for (const json& entry : ct) {
-        if (entry.is_object() && entry.value("name", std::string()) == "default" &&
-            entry.contains("template") && entry["template"].is_string()) {
-          tmpl = entry["template"].get<std::string>();
-        }
-      }
-      if (tmpl.empty()) {
-        return absl::InvalidArgumentError(
-            "tokenizer_config.json: chat_template list has no 'default' entry");
-      }
-    } else if (!ct.is_null()) {
-      return absl::InvalidArgumentError("tokenizer_config.json: chat_template is not a string or list");
-    }
+absl::StatusOr<ordered_json> ParseObject(absl::string_view text, const char* file) {
+  if (text.empty()) return ordered_json::object();
+  ordered_json j = ordered_json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": invalid JSON (expected an object)"));
   }
-  if (!tmpl.empty()) {
-    if (absl::StrContains(tmpl, "<|im_start|>")) {
-      if (absl::StrContains(tmpl, "You are Qwen, created by Alibaba Cloud")) {
-        return Make(ChatTemplateFamily::kChatMl, kQwen25System);
-      }
-      if (absl::StrContains(tmpl, kQwen2System)) return Make(ChatTemplateFamily::kChatMl, kQwen2System);
-      return Make(ChatTemplateFamily::kChatMl);
-    }
-    if (absl::StrContains(tmpl, "<<SYS>>")) return Make(ChatTemplateFamily::kLlama2);
-    if (absl::StrContains(tmpl, "[INST]") && absl::StrContains(tmpl, "[/INST]") &&
-        !absl::StrContains(tmpl, "[AVAILABLE_TOOLS]") &&
-        !absl::StrContains(tmpl, "[SYSTEM_PROMPT]")) {
-      return Make(ChatTemplateFamily::kMistral);
-    }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tokenizer_config.json: unrecognised chat_template (known: ChatML/Qwen2, Mistral v1 "
-        "[INST], Llama-2 <<SYS>>); its start: '",
-        tmpl.substr(0, 80), "'"));
-  }
-  if (model_type == "qwen2") return Make(ChatTemplateFamily::kChatMl, kQwen25System);
-  if (model_type == "mistral") return Make(ChatTemplateFamily::kMistral);
-  if (model_type == "llama") return Make(ChatTemplateFamily::kLlama2);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "no chat_template in tokenizer_config.json and no default for model_type '", model_type,
-      "' (qwen2, mistral, llama); pick one by name or use raw"));
+  return j;
 }
 
-absl::StatusOr<ChatTemplate> LoadChatTemplate(const std::string& dir) {
-  ECHOKV_ASSIGN_OR_RETURN(std::string tok_cfg, ReadOptionalFile(dir + "/tokenizer_config.json"));
-  ECHOKV_ASSIGN_OR_RETURN(std::string config, ReadOptionalFile(dir + "/config.json"));
-  std::string model_type;
-  if (!config.empty()) {
-    json c = json::parse(config.begin(), config.end(), nullptr, /*allow_exceptions=*/false);
-    if (c.is_object() && c.contains("model_type") && c["model_type"].is_string()) {
-      model_type = c["model_type"].get<std::string>();
-    }
+// A special-token field: "text", {"content": "text", ...} (AddedToken) or null.
+absl::StatusOr<std::optional<std::string>> TokenField(const ordered_json& cfg, const std::string& key,
+                                                      const char* file) {
+  auto it = cfg.find(key);
+  if (it == cfg.end() || it->is_null()) return std::optional<std::string>();
+  if (it->is_string()) return std::optional<std::string>(it->get<std::string>());
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+    return std::optional<std::string>((*it)["content"].get<std::string>());
   }
-  auto t = DetectChatTemplate(tok_cfg, model_type);
-  if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat(dir, ": ", t.status().message()));
-  return t;
+  return absl::InvalidArgumentError(
+      absl::StrCat(file, ": ", key, " must be a string or an object with a string \"content\""));
 }
 
-absl::StatusOr<std::vector<ChatSegment>> RenderChat(const ChatTemplate& tmpl,
-                                                    const std::vector<ChatMessage>& messages) {
-  if (messages.empty()) return absl::InvalidArgumentError("chat has no messages");
-  switch (tmpl.family) {
-    case ChatTemplateFamily::kRaw: {
-      std::string text;
-      for (const ChatMessage& m : messages) text += m.content;
-      return std::vector<ChatSegment>{{ChatSegment::Kind::kRawText, std::move(text)}};
-    }
-    case ChatTemplateFamily::kChatMl:
-      return RenderChatMl(tmpl, messages);
-    case ChatTemplateFamily::kMistral:
-      return RenderMistral(messages);
-    case ChatTemplateFamily::kLlama2:
-      return RenderLlama2(messages);
+// The non-SentencePiece path leaves special-token matching to the tokenizer; this is
+// SentencePiece's: every control piece, longest first.
+std::vector<std::pair<std::string, int>> SpecialPieces(const Tokenizer& tokenizer) {
+  std::vector<std::pair<std::string, int>> out;
+  for (int id = 0; id < tokenizer.vocab_size(); ++id) {
+    if (!tokenizer.IsSpecial(id)) continue;
+    std::string piece = tokenizer.IdToPiece(id);
+    if (!piece.empty()) out.emplace_back(std::move(piece), id);
   }
-  return absl::InvalidArgumentError("unknown chat template family");
-}
-
-absl::StatusOr<std::string> RenderChatToString(const ChatTemplate& tmpl,
-                                               const std::vector<ChatMessage>& messages) {
-  ECHOKV_ASSIGN_OR_RETURN(std::vector<ChatSegment> segments, RenderChat(tmpl, messages));
-  std::string out;
-  for (const ChatSegment& s : segments) out += s.text;
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
   return out;
 }
 
-absl::StatusOr<std::vector<int>> EncodeChatSegments(const std::vector<ChatSegment>& segments,
-                                                    const Tokenizer& tokenizer) {
-  std::vector<int> ids;
+ordered_json MessagesToJson(const std::vector<ChatMessage>& messages) {
+  ordered_json out = ordered_json::array();
+  for (const ChatMessage& m : messages) {
+    ordered_json j = ordered_json::object();
+    j["role"] = m.role;
+    j["content"] = m.content;
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<ChatTemplate> ChatTemplate::Create(absl::string_view source, ChatTemplateTokens tokens,
+                                                  std::string origin, std::optional<std::string> tool_use_source) {
+  ChatTemplate t;
+  absl::StatusOr<std::unique_ptr<jinja::Template>> main = jinja::Template::Create(source);
+  if (!main.ok()) {
+    return absl::Status(main.status().code(), absl::StrCat(origin, ": ", main.status().message()));
+  }
+  t.default_ = std::shared_ptr<const jinja::Template>(std::move(*main));
+  if (tool_use_source) {
+    absl::StatusOr<std::unique_ptr<jinja::Template>> tool = jinja::Template::Create(*tool_use_source);
+    if (!tool.ok()) {
+      return absl::Status(tool.status().code(),
+                          absl::StrCat(origin, " (tool_use): ", tool.status().message()));
+    }
+    t.tool_use_ = std::shared_ptr<const jinja::Template>(std::move(*tool));
+  }
+  t.tokens_ = std::move(tokens);
+  t.origin_ = std::move(origin);
+  return t;
+}
+
+absl::StatusOr<std::string> ChatTemplate::Render(const ordered_json& messages, const ordered_json* tools,
+                                                 bool add_generation_prompt,
+                                                 const jinja::RenderOptions& options) const {
+  jinja::ChatInput in;
+  ECHOKV_ASSIGN_OR_RETURN(in.messages, jinja::Value::FromOrderedJson(messages));
+  const bool with_tools = tools != nullptr && !tools->is_null();
+  if (with_tools) {
+    ECHOKV_ASSIGN_OR_RETURN(jinja::Value t, jinja::Value::FromOrderedJson(*tools));
+    in.tools = std::move(t);
+  }
+  in.add_generation_prompt = add_generation_prompt;
+  in.bos_token = tokens_.bos_token;
+  in.eos_token = tokens_.eos_token;
+  for (const auto& [name, text] : tokens_.others) in.extra.emplace_back(name, jinja::Value(text));
+  const jinja::Template& tmpl = with_tools && tool_use_ ? *tool_use_ : *default_;
+  absl::StatusOr<std::string> out = jinja::RenderChat(tmpl, in, options);
+  if (!out.ok() && !jinja::IsRaisedByTemplate(out.status())) {
+    // The template's own raise_exception message stays as it is (it is for the
+    // client); anything else says which template failed.
+    return absl::Status(out.status().code(), absl::StrCat("chat template ", origin_, ": ", out.status().message()));
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
+                                                 bool add_generation_prompt,
+                                                 const jinja::RenderOptions& options) const {
+  return Render(MessagesToJson(messages), nullptr, add_generation_prompt, options);
+}
+
+std::string BuiltinChatTemplateSource(absl::string_view name) {
+  for (const Builtin& b : kBuiltins) {
+    if (name == b.name) return b.source;
+  }
+  return "";
+}
+
+absl::StatusOr<ChatTemplate> BuiltinChatTemplate(absl::string_view name, ChatTemplateTokens tokens) {
+  const std::string source = BuiltinChatTemplateSource(name);
+  if (source.empty()) {
+    std::string names;
+    for (const Builtin& b : kBuiltins) absl::StrAppend(&names, names.empty() ? "" : ", ", b.name);
+    return absl::InvalidArgumentError(absl::StrCat("unknown built-in chat template '", name, "' (", names, ")"));
+  }
+  return ChatTemplate::Create(source, std::move(tokens), absl::StrCat("builtin:", name));
+}
+
+absl::StatusOr<ChatTemplateTokens> ParseChatTemplateTokens(absl::string_view tokenizer_config_json,
+                                                           absl::string_view special_tokens_map_json) {
+  ECHOKV_ASSIGN_OR_RETURN(ordered_json cfg, ParseObject(tokenizer_config_json, "tokenizer_config.json"));
+  ECHOKV_ASSIGN_OR_RETURN(ordered_json map, ParseObject(special_tokens_map_json, "special_tokens_map.json"));
+  ChatTemplateTokens tokens;
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"}) {
+    ECHOKV_ASSIGN_OR_RETURN(std::optional<std::string> v, TokenField(cfg, key, "tokenizer_config.json"));
+    if (!v) {
+      ECHOKV_ASSIGN_OR_RETURN(v, TokenField(map, key, "special_tokens_map.json"));
+    }
+    if (!v) continue;
+    if (std::string(key) == "bos_token") {
+      tokens.bos_token = *v;
+    } else if (std::string(key) == "eos_token") {
+      tokens.eos_token = *v;
+    } else {
+      tokens.others.emplace_back(key, *v);
+    }
+  }
+  return tokens;
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplateFromConfig(absl::string_view tokenizer_config_json,
+                                                    absl::string_view special_tokens_map_json) {
+  ECHOKV_ASSIGN_OR_RETURN(ChatTemplateTokens tokens,
+                          ParseChatTemplateTokens(tokenizer_config_json, special_tokens_map_json));
+  ECHOKV_ASSIGN_OR_RETURN(ordered_json cfg, ParseObject(tokenizer_config_json, "tokenizer_config.json"));
+  const ordered_json ct = cfg.value("chat_template", ordered_json());
+  if (ct.is_string()) {
+    if (ct.get<std::string>().empty()) {
+      return absl::UnimplementedError("tokenizer_config.json: chat_template is empty");
+    }
+    return ChatTemplate::Create(ct.get<std::string>(), std::move(tokens), "tokenizer_config.json");
+  }
+  if (ct.is_array()) {
+    std::optional<std::string> main, tool_use;
+    for (size_t i = 0; i < ct.size(); ++i) {
+      const ordered_json& e = ct[i];
+      if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("template") ||
+          !e["template"].is_string()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tokenizer_config.json: chat_template[", i, "] must be an object with string \"name\" and \"template\""));
+      }
+      if (e["name"] == "default") main = e["template"].get<std::string>();
+      if (e["name"] == "tool_use") tool_use = e["template"].get<std::string>();
+    }
+    if (!main) {
+      return absl::InvalidArgumentError(
+          "tokenizer_config.json: chat_template is a list without a \"default\" entry");
+    }
+    return ChatTemplate::Create(*main, std::move(tokens), "tokenizer_config.json", tool_use);
+  }
+  if (!ct.is_null()) {
+    return absl::InvalidArgumentError(
+        "tokenizer_config.json: chat_template must be a string or a list of {name, template}");
+  }
+  return absl::UnimplementedError("tokenizer_config.json has no chat_template");
+}
+
+absl::StatusOr<ChatTemplate> LoadChatTemplate(const std::string& dir, const std::optional<std::string>& override_path) {
+  const std::string config_path = dir + "/tokenizer_config.json";
+  ECHOKV_ASSIGN_OR_RETURN(std::string config, ReadOptionalFile(config_path));
+  ECHOKV_ASSIGN_OR_RETURN(std::string special_map, ReadOptionalFile(dir + "/special_tokens_map.json"));
+  absl::StatusOr<ChatTemplateTokens> tokens = ParseChatTemplateTokens(config, special_map);
+  if (!tokens.ok()) return absl::Status(tokens.status().code(), absl::StrCat(dir, ": ", tokens.status().message()));
+  if (override_path) {
+    if (absl::StartsWith(*override_path, "builtin:")) {
+      return BuiltinChatTemplate(override_path->substr(8), *std::move(tokens));
+    }
+    ECHOKV_ASSIGN_OR_RETURN(std::string source, ReadFile(*override_path));
+    return ChatTemplate::Create(source, *std::move(tokens), *override_path);
+  }
+  const std::string jinja_path = dir + "/chat_template.jinja";
+  ECHOKV_ASSIGN_OR_RETURN(std::string jinja_source, ReadOptionalFile(jinja_path));
+  if (!jinja_source.empty()) return ChatTemplate::Create(jinja_source, *std::move(tokens), jinja_path);
+  absl::StatusOr<ChatTemplate> t = ChatTemplateFromConfig(config, special_map);
+  if (t.ok()) return t;
+  if (t.status().code() == absl::StatusCode::kUnimplemented) {
+    return absl::UnimplementedError(absl::StrCat(
+        dir, ": the model has no chat template (", t.status().message(),
+        ", no chat_template.jinja); chat input needs one: start with --chat-template FILE"));
+  }
+  return absl::Status(t.status().code(), absl::StrCat(dir, ": ", t.status().message()));
+}
+
+absl::StatusOr<std::vector<int>> EncodeRenderedChat(absl::string_view rendered, const Tokenizer& tokenizer) {
   EncodeOptions plain;
   plain.add_special_tokens = false;
+  if (tokenizer.kind() != "sentencepiece") {
+    plain.parse_special = true;
+    return tokenizer.Encode(rendered, plain);
+  }
   plain.parse_special = false;
-  for (const ChatSegment& s : segments) {
-    switch (s.kind) {
-      case ChatSegment::Kind::kText: {
-        if (s.text.empty()) break;
-        ECHOKV_ASSIGN_OR_RETURN(std::vector<int> part, tokenizer.Encode(s.text, plain));
-        ids.insert(ids.end(), part.begin(), part.end());
-        break;
-      }
-      case ChatSegment::Kind::kRawText: {
-        ECHOKV_ASSIGN_OR_RETURN(std::vector<int> part, tokenizer.Encode(s.text, EncodeOptions{}));
-        ids.insert(ids.end(), part.begin(), part.end());
-        break;
-      }
-      case ChatSegment::Kind::kBos: {
-        if (!tokenizer.bos_id()) {
-          return absl::InvalidArgumentError("chat template needs a BOS token but the tokenizer has none");
-        }
-        ids.push_back(*tokenizer.bos_id());
-        break;
-      }
-      case ChatSegment::Kind::kEos: {
-        const std::vector<int> eos = tokenizer.eos_ids();
-        if (eos.empty()) {
-          return absl::InvalidArgumentError("chat template needs an EOS token but the tokenizer has none");
-        }
-        ids.push_back(eos.front());
-        break;
-      }
-      case ChatSegment::Kind::kSpecialToken: {
-        EncodeOptions special;
-        special.add_special_tokens = false;
-        special.parse_special = true;
-        auto part = tokenizer.Encode(s.text, special);
-        if (!part.ok() || part->size() != 1 || !tokenizer.IsSpecial(part->front())) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "chat template needs the special token '", s.text, "', which this tokenizer lacks"));
-        }
-        ids.push_back(part->front());
+  const std::vector<std::pair<std::string, int>> specials = SpecialPieces(tokenizer);
+  std::vector<int> ids;
+  size_t chunk_start = 0, i = 0;
+  const auto flush = [&](size_t end) -> absl::Status {
+    if (end > chunk_start) {
+      ECHOKV_ASSIGN_OR_RETURN(std::vector<int> part, tokenizer.Encode(rendered.substr(chunk_start, end - chunk_start), plain));
+      ids.insert(ids.end(), part.begin(), part.end());
+    }
+    return absl::OkStatus();
+  };
+  while (i < rendered.size()) {
+    const std::pair<std::string, int>* hit = nullptr;
+    for (const auto& s : specials) {
+      if (rendered.substr(i, s.first.size()) == s.first) {
+        hit = &s;
         break;
       }
     }
+    if (hit == nullptr) {
+      ++i;
+      continue;
+    }
+    ECHOKV_RETURN_IF_ERROR(flush(i));
+    ids.push_back(hit->second);
+    i += hit->first.size();
+    chunk_start = i;
+  }
+  ECHOKV_RETURN_IF_ERROR(flush(rendered.size()));
+  return ids;
+}
+
+absl::StatusOr<int> SpecialTokenId(absl::string_view text, const Tokenizer& tokenizer) {
+  if (!text.empty()) {
+    if (tokenizer.kind() == "sentencepiece") {
+      for (const auto& [piece, id] : SpecialPieces(tokenizer)) {
+        if (piece == text) return id;
+      }
+    } else {
+      EncodeOptions o;
+      o.add_special_tokens = false;
+      o.parse_special = true;
+      absl::StatusOr<std::vector<int>> ids = tokenizer.Encode(text, o);
+      if (ids.ok() && ids->size() == 1 && tokenizer.IsSpecial(ids->front())) return ids->front();
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat("the tokenizer has no special token '", text, "'"));
+}
+
+std::vector<int> EndOfTurnIds(const ChatTemplate& tmpl, const Tokenizer& tokenizer) {
+  std::vector<int> ids;
+  if (absl::StatusOr<int> eos = SpecialTokenId(tmpl.eos_token(), tokenizer); eos.ok()) ids.push_back(*eos);
+  for (int id : tokenizer.eos_ids()) {
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
   }
   return ids;
 }
 
-absl::StatusOr<std::vector<int>> EncodeChat(const ChatTemplate& tmpl,
-                                            const std::vector<ChatMessage>& messages,
-                                            const Tokenizer& tokenizer) {
-  ECHOKV_ASSIGN_OR_RETURN(std::vector<ChatSegment> segments, RenderChat(tmpl, messages));
-  return EncodeChatSegments(segments, tokenizer);
+absl::StatusOr<std::vector<int>> EncodeChat(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
+                                            bool add_generation_prompt, const Tokenizer& tokenizer) {
+  ECHOKV_ASSIGN_OR_RETURN(std::string text, tmpl.Render(messages, add_generation_prompt));
+  return EncodeRenderedChat(text, tokenizer);
 }
 
 }  // namespace echokv::model

@@ -1,117 +1,151 @@
-// Chat templates: turn a list of {role, content} messages into the token ids a chat
-// model was trained on, for the families echokv serves. A conversation renders to
-// segments (text, or a special token given by id), and each text segment is encoded
-// on its own with special-token matching OFF, so a user message containing
-// "<|im_end|>" or "</s>" stays plain text (mistral-common style).
+// Chat templates: the model's own Jinja2 chat template (tokenizer_config.json's
+// `chat_template`), rendered with jinja/ exactly as transformers' apply_chat_template
+// renders it, and the tokenization of the result. There is no guessing: a model
+// without a template has no chat format unless the operator names one.
 //
 //   ECHOKV_ASSIGN_OR_RETURN(ChatTemplate tmpl, LoadChatTemplate("/models/qwen2.5-7b"));
-//   std::vector<ChatMessage> chat = {{"user", "Hi!"}};
-//   ECHOKV_ASSIGN_OR_RETURN(std::vector<int> ids, EncodeChat(tmpl, chat, *tokenizer));
-//   std::string shown = RenderChatToString(tmpl, chat).value();  // for logs and tests
+//   ECHOKV_ASSIGN_OR_RETURN(std::string prompt,
+//                           tmpl.Render(messages_json, /*tools=*/nullptr, /*add_generation_prompt=*/true));
+//   ECHOKV_ASSIGN_OR_RETURN(std::vector<int> ids, EncodeRenderedChat(prompt, *tokenizer));
 //
-// What each family renders ([BOS]/[EOS] are token ids, shown as <s>/</s>; text between
-// them is one segment; {sys} is the system message content, {uN}/{aN} the user /
-// assistant contents; roles must alternate user/assistant after an optional leading
-// system message, except in ChatML, which accepts any role names and order):
+// Where the template comes from (LoadChatTemplate):
+//   1. the operator's override file (`--chat-template FILE`: Jinja source), or
+//      "builtin:NAME" for one of the built-in templates below;
+//   2. `dir`/chat_template.jinja (where newer transformers save it);
+//   3. `dir`/tokenizer_config.json's `chat_template`: a string, or a list of
+//      {name, template} entries: "default" is used, and "tool_use" (when present)
+//      for renders that pass tools - transformers' rule.
+//   Otherwise UNIMPLEMENTED ("pass --chat-template").
+// bos_token / eos_token (strings or AddedToken objects {"content": ...}) come from
+// tokenizer_config.json, else special_tokens_map.json; a missing one renders as "".
+// The other special tokens there (unk_token, pad_token, ...) are template variables
+// too, as in transformers.
 //
-// kChatMl (Qwen2 / Qwen2.5; <|im_start|> and <|im_end|> are special-token segments):
-//   <|im_start|>system\n{sys}<|im_end|>\n          (or default_system_prompt; nothing
-//                                                   when both are empty)
-//   <|im_start|>{role}\n{content}<|im_end|>\n      for every other message
-//   <|im_start|>assistant\n                        when add_generation_prompt
-//   Qwen2.5's default system prompt is "You are Qwen, created by Alibaba Cloud. You
-//   are a helpful assistant."; Qwen2's is "You are a helpful assistant.".
+// Rendering conventions (those of shared/chat_templates/golden_public.json, which is
+// transformers' behaviour): `messages` as given, `tools` undefined when absent,
+// `add_generation_prompt`, the special tokens; strftime_now reads the local clock
+// unless RenderOptions::now is set.
 //
-// kMistral (Mistral-7B-Instruct v0.1/v0.2, mistral-common "v1" tokenizer):
-//   [BOS] "[INST] {u1} [/INST]" "{a1}" [EOS] "[INST] {u2} [/INST]" ...
-//   a system message is prepended to the first user message as "{sys}\n\n{u1}".
-//   Each quoted part is its own text segment (SentencePiece adds its dummy-prefix
-//   space to each). Nothing is added for the generation prompt. A final assistant
-//   message is closed with [EOS].
+// Tokenization (EncodeRenderedChat): the rendered text is tokenized as
+// `tokenizer.encode(text, add_special_tokens=False)` does in transformers: no BOS is
+// added (templates emit it), and special-token text anywhere in it - including inside
+// message contents - becomes the special token. SentencePiece has no special-token
+// matching of its own, so the text is split at the tokenizer's control-token strings
+// and each piece is encoded alone (each gets SentencePiece's dummy-prefix space, as
+// HF's legacy Llama/Mistral tokenizers and mistral-common do).
 //
-// kLlama2 (Llama-2-chat, Meta's reference chat_completion):
-//   [BOS] "[INST] <<SYS>>\n{sys}\n<</SYS>>\n\n{u1} [/INST] {a1} " [EOS]
-//   [BOS] "[INST] {u2} [/INST] {a2} " [EOS] ... [BOS] "[INST] {uN} [/INST]"
-//   contents are stripped of leading/trailing whitespace (as the reference does);
-//   without a system message the <<SYS>> block is absent. One segment per turn pair.
-//
-// kRaw: the contents of all messages concatenated verbatim (pre-formatted text), encoded
-//   as one segment with special-token matching ON and the tokenizer's default BOS.
+// Built-in templates (BuiltinChatTemplate), ordinary Jinja templates kept for models
+// whose tokenizer_config.json lacks one:
+//   "chatml"   <|im_start|>{role}\n{content}<|im_end|>\n ... [<|im_start|>assistant\n]
+//   "qwen2"    ChatML with default system "You are a helpful assistant."
+//   "qwen2.5"  Qwen2.5-Instruct's own template (tools included)
+//   "mistral"  Mistral v1 instruct as mistral-common encodes it:
+//              {bos}[INST] {sys}\n\n{u1} [/INST] {a1}{eos}[INST] {u2} [/INST]
+//   "llama2"   Llama-2-chat: {bos}[INST] <<SYS>>\n{sys}\n<</SYS>>\n\n{u1} [/INST] {a1} {eos}...
 #ifndef ECHOKV_MODEL_CHAT_TEMPLATE_H_
 #define ECHOKV_MODEL_CHAT_TEMPLATE_H_
 
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "jinja/template.h"
 #include "model/tokenizer.h"
+#include "nlohmann/json_fwd.hpp"
 
 namespace echokv::model {
 
+// A plain {role, content} message (the gRPC API's ChatMessage).
 struct ChatMessage {
-  std::string role;     // "system", "user" or "assistant"
-  std::string content;  // plain text; never parsed for special tokens (except kRaw)
+  std::string role;
+  std::string content;
 };
 
-enum class ChatTemplateFamily { kRaw, kChatMl, kMistral, kLlama2 };
-
-struct ChatTemplate {
-  ChatTemplateFamily family = ChatTemplateFamily::kRaw;
-  // kChatMl only: the system message used when the conversation has none ("" = none).
-  std::string default_system_prompt;
-  // Append the assistant header (kChatMl) so the model continues as the assistant.
-  bool add_generation_prompt = true;
+// The special-token strings a template sees.
+struct ChatTemplateTokens {
+  std::string bos_token;  // "" when the model has none
+  std::string eos_token;  // "" when the model has none
+  // Other special tokens of the tokenizer files (unk_token, pad_token, ...), passed to
+  // the template as variables.
+  std::vector<std::pair<std::string, std::string>> others;
 };
 
-// "raw", "chatml", "qwen2", "qwen2.5", "mistral", "llama2" -> a template;
-// anything else -> InvalidArgument listing the names.
-absl::StatusOr<ChatTemplate> ChatTemplateFromName(absl::string_view name);
+class ChatTemplate {
+ public:
+  // `source`: Jinja text of the default template; `tool_use_source`: the optional
+  // tool-use variant (used when tools are passed). `origin` names where it came from
+  // ("tokenizer_config.json", a file path, "builtin:chatml") for messages.
+  // InvalidArgument "<origin>: template line L column C: ..." for a template that does
+  // not parse.
+  static absl::StatusOr<ChatTemplate> Create(absl::string_view source, ChatTemplateTokens tokens,
+                                             std::string origin,
+                                             std::optional<std::string> tool_use_source = std::nullopt);
 
-// Picks the template from tokenizer_config.json's `chat_template` (a string, or a list
-// of {name, template} where "default" is used) by fingerprinting known templates;
-// without one, from config.json's `model_type` ("qwen2" -> Qwen2.5 ChatML, "mistral",
-// "llama" -> Llama-2). An unrecognised template or model type -> InvalidArgument.
-// Either text may be empty ("no such file").
-absl::StatusOr<ChatTemplate> DetectChatTemplate(absl::string_view tokenizer_config_json,
-                                                absl::string_view model_type);
+  // Renders `messages` (a JSON array of OpenAI-style messages: role, content (string,
+  // null or parts), tool_calls, tool_call_id, name). `tools`: a JSON array, or null /
+  // nullptr for none. Errors: InvalidArgument naming the bad field; the template's
+  // own raise_exception(msg) as InvalidArgument with message msg
+  // (jinja::IsRaisedByTemplate tells it apart); other template failures as
+  // InvalidArgument with the template line and column.
+  // ordered_json keeps the key order of tool schemas, which tojson prints.
+  absl::StatusOr<std::string> Render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json* tools,
+                                     bool add_generation_prompt, const jinja::RenderOptions& options = {}) const;
+  absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                     const jinja::RenderOptions& options = {}) const;
 
-// Reads `dir`/tokenizer_config.json and `dir`/config.json (each optional) and calls
-// DetectChatTemplate.
-absl::StatusOr<ChatTemplate> LoadChatTemplate(const std::string& dir);
+  const std::string& bos_token() const { return tokens_.bos_token; }
+  const std::string& eos_token() const { return tokens_.eos_token; }
+  const ChatTemplateTokens& tokens() const { return tokens_; }
+  const std::string& origin() const { return origin_; }
+  bool has_tool_use_variant() const { return tool_use_ != nullptr; }
 
-// One piece of a rendered conversation.
-struct ChatSegment {
-  enum class Kind {
-    kText,          // plain text: encoded alone, no BOS, parse_special = false
-    kRawText,       // pre-formatted text: parse_special = true, tokenizer's default BOS
-    kBos,           // the tokenizer's bos_id()
-    kEos,           // the tokenizer's first eos id
-    kSpecialToken,  // the special token whose text is `text` (e.g. "<|im_start|>")
-  };
-  Kind kind;
-  std::string text;  // the text; for kBos/kEos the display form "<s>" / "</s>"
+ private:
+  std::shared_ptr<const jinja::Template> default_;   // the template (immutable, shareable)
+  std::shared_ptr<const jinja::Template> tool_use_;  // the tool-use variant, or null
+  ChatTemplateTokens tokens_;                         // special-token variables
+  std::string origin_;                                // where the template came from
 };
 
-// Renders `messages`; InvalidArgument naming the message index for an empty
-// conversation, an unknown role or a broken user/assistant alternation.
-absl::StatusOr<std::vector<ChatSegment>> RenderChat(const ChatTemplate& tmpl,
-                                                    const std::vector<ChatMessage>& messages);
+// The built-in templates named above; InvalidArgument listing the names otherwise.
+absl::StatusOr<ChatTemplate> BuiltinChatTemplate(absl::string_view name, ChatTemplateTokens tokens);
+// The Jinja source of a built-in template ("" for an unknown name).
+std::string BuiltinChatTemplateSource(absl::string_view name);
 
-// The rendering as one string (segment texts concatenated): for logs and tests.
-absl::StatusOr<std::string> RenderChatToString(const ChatTemplate& tmpl,
-                                               const std::vector<ChatMessage>& messages);
+// The special tokens of tokenizer_config.json text (and special_tokens_map.json text,
+// used for tokens the first lacks). Either may be "" (no such file).
+absl::StatusOr<ChatTemplateTokens> ParseChatTemplateTokens(absl::string_view tokenizer_config_json,
+                                                           absl::string_view special_tokens_map_json = "");
 
-// Encodes rendered segments with `tokenizer`. A kSpecialToken text must encode (with
-// parse_special) to exactly one special id, and kBos/kEos need the tokenizer to have
-// them; otherwise InvalidArgument naming the token.
-absl::StatusOr<std::vector<int>> EncodeChatSegments(const std::vector<ChatSegment>& segments,
-                                                    const Tokenizer& tokenizer);
+// The template of tokenizer_config.json text (see the rules above). UNIMPLEMENTED when
+// it has none; InvalidArgument for a malformed `chat_template` or bad JSON.
+absl::StatusOr<ChatTemplate> ChatTemplateFromConfig(absl::string_view tokenizer_config_json,
+                                                    absl::string_view special_tokens_map_json = "");
 
-// RenderChat + EncodeChatSegments.
-absl::StatusOr<std::vector<int>> EncodeChat(const ChatTemplate& tmpl,
-                                            const std::vector<ChatMessage>& messages,
-                                            const Tokenizer& tokenizer);
+// Loads the model directory's template, or the operator's override (a Jinja file, or
+// "builtin:NAME"), with the model's special tokens. UNIMPLEMENTED when there is no
+// template; NotFound / InvalidArgument naming the file for unreadable or bad ones.
+absl::StatusOr<ChatTemplate> LoadChatTemplate(const std::string& dir,
+                                              const std::optional<std::string>& override_path = std::nullopt);
+
+// Token ids of a rendered conversation (see "Tokenization" above).
+absl::StatusOr<std::vector<int>> EncodeRenderedChat(absl::string_view rendered, const Tokenizer& tokenizer);
+
+// The id of one special token given by its text ("<|eot_id|>", "</s>");
+// InvalidArgument when the tokenizer has no such single special token.
+absl::StatusOr<int> SpecialTokenId(absl::string_view text, const Tokenizer& tokenizer);
+
+// The ids that end an assistant turn: the template's eos_token (when it is a special
+// token of the tokenizer) followed by the tokenizer's EOS ids not already listed.
+std::vector<int> EndOfTurnIds(const ChatTemplate& tmpl, const Tokenizer& tokenizer);
+
+// Render + EncodeRenderedChat, for {role, content} messages. Errors carry the render's
+// status unchanged.
+absl::StatusOr<std::vector<int>> EncodeChat(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
+                                            bool add_generation_prompt, const Tokenizer& tokenizer);
 
 }  // namespace echokv::model
 

@@ -13,7 +13,7 @@ PACKAGES=(
   libabsl-dev prometheus-cpp-dev libsentencepiece-dev nlohmann-json3-dev
   libutf8proc-dev libpcre2-dev libgoogle-glog-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus python3 python3-grpcio python3-protobuf python3-xxhash gnuplot-nox
+  prometheus python3 python3-grpcio python3-protobuf python3-xxhash python3-jinja2 gnuplot-nox
   golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
   golang-github-xeipuuv-gojsonschema-dev python3-kubernetes python3-jsonschema python3-yaml
   python3-pip python3-setuptools python3-wheel python3-venv

@@ -350,9 +350,7 @@ absl::StatusOr<std::vector<int>> Engine::Impl::Tokenize(const InputSpec& input, 
         return absl::UnimplementedError(absl::StrCat("input.chat: this model has no usable chat template (",
                                                      chat_error, "); send text or tokens instead"));
       }
-      model::ChatTemplate tmpl = *chat;
-      tmpl.add_generation_prompt = input.add_generation_prompt;
-      absl::StatusOr<std::vector<int>> r = model::EncodeChat(tmpl, input.chat, *tokenizer);
+      absl::StatusOr<std::vector<int>> r = model::EncodeChat(*chat, input.chat, input.add_generation_prompt, *tokenizer);
       if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("input.chat: ", r.status().message()));
       ids = std::move(*r);
       break;

@@ -376,8 +376,8 @@ TEST(EngineStreamTest, LogprobsComeWithEveryTokenGreedyIsTheTopAlternative) {
 }
 
 TEST(EngineChatTest, ChatSessionsRememberTheConversationIncludingCommittedReplies) {
-  model::ChatTemplate llama2;  // the tiny model's tokenizer has no ChatML tokens
-  llama2.family = model::ChatTemplateFamily::kLlama2;
+  // the tiny model's tokenizer has no ChatML tokens
+  const model::ChatTemplate llama2 = model::BuiltinChatTemplate("llama2", {"<s>", "</s>", {}}).value();
   Harness h(EngineConfig{}, "llama", llama2);
   CreateRequest r;
   r.input.kind = InputSpec::Kind::kChat;
