@@ -1064,7 +1064,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<model::Transformer> model, model::Transformer::Load(config.model_dir, dev));
   ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<model::Tokenizer> tokenizer, model::LoadTokenizer(config.model_dir));
   std::optional<model::ChatTemplate> chat;
-  absl::StatusOr<model::ChatTemplate> loaded = model::LoadChatTemplate(config.model_dir);
+  std::optional<std::string> chat_override;
+  if (!config.chat_template.empty()) chat_override = config.chat_template;
+  absl::StatusOr<model::ChatTemplate> loaded = model::LoadChatTemplate(config.model_dir, chat_override);
+  if (!loaded.ok() && chat_override.has_value()) {
+    return absl::Status(loaded.status().code(), absl::StrCat("--chat_template: ", loaded.status().message()));
+  }
   std::string chat_error;
   if (loaded.ok()) {
     chat = *loaded;

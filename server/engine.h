@@ -79,6 +79,8 @@ struct EngineConfig {
   // The engine counts as stuck (health NOT_SERVING) when work is waiting and no step
   // has completed for this long.
   absl::Duration stuck_after = absl::Seconds(30);
+  // Chat template override: a Jinja file or "builtin:NAME" ("" = the model's own).
+  std::string chat_template;
   // Durable sessions (SESSION_MEMORY.md §4): "" = in memory only.
   std::string state_dir;
   bool fsync_always = true;                 // --fsync always|none

@@ -54,6 +54,13 @@ ABSL_FLAG(int64_t, max_step_tokens, 256,
 ABSL_FLAG(std::string, default_memory, "",
           "Session memory mode when a request sets none: tiered or evict; default tiered with --state_dir, "
           "else evict");
+ABSL_FLAG(std::string, state_dir, "",
+          "Keep sessions on disk here (survive restarts; SESSION_MEMORY.md §4); empty = memory only");
+ABSL_FLAG(std::string, fsync, "always",
+          "always: a mutation is acknowledged only once its bytes are durable; none: never fsync");
+ABSL_FLAG(std::string, chat_template, "",
+          "Chat template for chat input: a Jinja file, or builtin:NAME (chatml, qwen2, qwen2.5, mistral, "
+          "llama2); default: the model's own (tokenizer_config.json / chat_template.jinja)");
 ABSL_FLAG(std::string, replica_id, "",
           "This replica's name (a DNS label, e.g. the pod name): new session ids are '<replica_id>.<hex>'");
 ABSL_FLAG(absl::Duration, stuck_after, absl::Seconds(30),
@@ -93,12 +100,21 @@ absl::StatusOr<EngineConfig> ConfigFromFlags() {
   c.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
   c.replica_id = absl::GetFlag(FLAGS_replica_id);
   c.stuck_after = absl::GetFlag(FLAGS_stuck_after);
+  c.state_dir = absl::GetFlag(FLAGS_state_dir);
+  c.chat_template = absl::GetFlag(FLAGS_chat_template);
+  if (const std::string f = absl::GetFlag(FLAGS_fsync); f == "always" || f == "none") {
+    c.fsync_always = f == "always";
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--fsync must be always or none, got '", f, "'"));
+  }
   if (const std::string m = absl::GetFlag(FLAGS_default_memory); !m.empty()) {
     absl::StatusOr<MemoryMode> mode = ParseMemoryMode(m);
     if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("--default_memory: ", mode.status().message()));
     c.default_memory = *mode;
   } else {
-    c.default_memory = MemoryMode::kEvict;  // no --state_dir: never hold full caches behind the user's back
+    // With a state dir the cold tier lives on disk; without one a CPU server must not
+    // hold full caches in RAM behind the user's back.
+    c.default_memory = c.state_dir.empty() ? MemoryMode::kEvict : MemoryMode::kTiered;
   }
   absl::StatusOr<compression::PolicyKind> policy = compression::ParsePolicyKind(absl::GetFlag(FLAGS_default_policy));
   if (!policy.ok()) return absl::InvalidArgumentError(absl::StrCat("--default_policy: ", policy.status().message()));

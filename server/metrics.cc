@@ -214,7 +214,32 @@ struct Metrics::Impl {
       .Help("Streaming RPCs (and Compress) in flight")
       .Register(*registry);
 
+  prometheus::Family<prometheus::Gauge>& hot_bytes = prometheus::BuildGauge()
+      .Name("echokv_hot_kv_bytes")
+      .Help("Hot-tier (compact cache) KV bytes of all sessions: what max_kv_bytes counts")
+      .Register(*registry);
+  prometheus::Family<prometheus::Gauge>& cold_bytes = prometheus::BuildGauge()
+      .Name("echokv_cold_kv_bytes")
+      .Help("Cold-tier (exact history) KV bytes of tiered sessions, by where they are held")
+      .Register(*registry);
+  prometheus::Family<prometheus::Histogram>& state_write = prometheus::BuildHistogram()
+      .Name("echokv_state_write_seconds")
+      .Help("Durable state writes (--state_dir): seconds per write, fsyncs included, by result")
+      .Register(*registry);
+  prometheus::Family<prometheus::Counter>& restored = prometheus::BuildCounter()
+      .Name("echokv_sessions_restored_total")
+      .Help("Sessions restored from --state_dir at start")
+      .Register(*registry);
+  prometheus::Family<prometheus::Counter>& state_errors = prometheus::BuildCounter()
+      .Name("echokv_state_errors_total")
+      .Help("Saved sessions refused (at start or when loaded), by kind")
+      .Register(*registry);
+
   // Unlabelled series, created once.
+  prometheus::Gauge& hot_bytes_g = hot_bytes.Add({});
+  prometheus::Gauge& cold_memory_g = cold_bytes.Add({{"where", "memory"}});
+  prometheus::Gauge& cold_total_g = cold_bytes.Add({{"where", "all"}});
+  prometheus::Counter& restored_c = restored.Add({});
   prometheus::Gauge& retained_bytes_g = retained_bytes.Add({});
   prometheus::Gauge& full_bytes_g = full_bytes.Add({});
   prometheus::Gauge& saved_bytes_g = saved_bytes.Add({});
@@ -287,7 +312,18 @@ void Metrics::OnSessionRejected(absl::string_view limit) {
   impl_->rejected_sessions.Add({{"limit", std::string(limit)}}).Increment();
 }
 
+void Metrics::OnStateWrite(double seconds, bool ok) {
+  impl_->state_write.Add({{"result", ok ? "ok" : "error"}}, SecondsBuckets()).Observe(seconds);
+}
+void Metrics::OnStateError(absl::string_view kind) {
+  impl_->state_errors.Add({{"kind", std::string(kind)}}).Increment();
+}
+void Metrics::OnSessionsRestored(int64_t count) { impl_->restored_c.Increment(static_cast<double>(count)); }
+
 void Metrics::OnGauges(const EngineGauges& g) {
+  impl_->hot_bytes_g.Set(static_cast<double>(g.retained_kv_bytes));
+  impl_->cold_memory_g.Set(static_cast<double>(g.cold_memory_bytes));
+  impl_->cold_total_g.Set(static_cast<double>(g.cold_kv_bytes));
   impl_->retained_bytes_g.Set(static_cast<double>(g.retained_kv_bytes));
   impl_->full_bytes_g.Set(static_cast<double>(g.full_kv_bytes));
   impl_->saved_bytes_g.Set(static_cast<double>(g.full_kv_bytes - g.retained_kv_bytes));

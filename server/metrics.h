@@ -45,6 +45,9 @@ class Metrics : public EngineObserver {
   void OnSessionExpired() override;
   void OnSessionRejected(absl::string_view limit) override;
   void OnGauges(const EngineGauges& gauges) override;
+  void OnStateWrite(double seconds, bool ok) override;
+  void OnStateError(absl::string_view kind) override;
+  void OnSessionsRestored(int64_t count) override;
 
  private:
   struct Impl;
