@@ -42,6 +42,7 @@ HANG_GUARD_S = 120  # ceiling of every wait; reaching it is a failure, never a p
 STORY = (
     "Once upon a time, there was a little girl named Lily. She loved to play outside in "
     "the park with her friends. One day, she found a small red ball under a big tree.")
+IDLE_SCRAPE_CEILING_S = 30
 SMALL_SNDBUF = 16384  # --http-send-buffer-bytes: a stalled reader holds its stream back
 
 ARGS = None
@@ -112,10 +113,10 @@ def chat_template_args(binary):
 
 # ---- HTTP helpers (standard library only) ----
 
-def request(method, path, body=None, headers=None, raw=None, server=None):
+def request(method, path, body=None, headers=None, raw=None, server=None, timeout=HANG_GUARD_S):
     """One request; returns (status, headers {lower-case name: value}, bytes)."""
     server = server or SERVER
-    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=HANG_GUARD_S)
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=timeout)
     try:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         h = {"Content-Type": "application/json"}
@@ -722,6 +723,13 @@ class DisconnectTest(HttpTestCase):
         s = stalled_stream(chat_body([{"role": "user", "content": "Tell me a long story."}],
                                      stream=True, max_tokens=room, ignore_eos=True,
                                      logprobs=True, top_logprobs=20, session_id=session.id))
+        # Backpressure: the unread stream is held back (its events would fill the socket
+        # buffers many times over), so it is still running however long we wait here;
+        # without backpressure it would finish and commit in a fraction of a second.
+        time.sleep(1.0)
+        held = client.get(session.id)
+        self.assertTrue(held.busy)
+        self.assertEqual(held.tokens_seen, before.tokens_seen)
         s.close()
         # The generation stopped: its commit was rolled back (a finished one would have
         # grown the session by `room` tokens) and the session is free again.
@@ -748,12 +756,14 @@ class IdleConnectionsTest(HttpTestCase):
                     s = socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD_S)
                     idle.append(s)
                 if port == SERVER.metrics_port:
+                    # The ceiling is a hang guard, yet below the 30 x 2 s = 60 s that the
+                    # old one-connection-at-a-time endpoint needed here.
                     with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port,
-                                                timeout=HANG_GUARD_S) as r:
+                                                timeout=IDLE_SCRAPE_CEILING_S) as r:
                         self.assertEqual(r.status, 200)
                         self.assertIn(b"echokv_http_requests_total", r.read())
                 else:
-                    status, _, payload = request("GET", "/v1/models")
+                    status, _, payload = request("GET", "/v1/models", timeout=IDLE_SCRAPE_CEILING_S)
                     self.assertEqual(status, 200)
             finally:
                 for s in idle:
