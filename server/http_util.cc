@@ -143,6 +143,7 @@ absl::StatusOr<std::unique_ptr<HttpListener>> HttpListener::Start(
   server->set_read_timeout(read_us / 1000000, read_us % 1000000);
   server->set_write_timeout(write_us / 1000000, write_us % 1000000);
   server->set_keep_alive_timeout(WholeSeconds(options.keep_alive_timeout));
+  server->set_keep_alive_max_count(1000);  // httplib closes after 5 requests by default
   server->set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
   const int max_threads = options.max_threads;
   const absl::Duration idle = options.thread_idle;

@@ -75,7 +75,6 @@ class HttpListener {
   HttpListener& operator=(const HttpListener&) = delete;
 
   int port() const { return port_; }
-  httplib::Server& server() { return *server_; }
   // Closes the listening socket, ends chunked streams at their next step and joins
   // every worker (handlers blocked on the engine must be released first, e.g. by
   // Engine::Shutdown). Idempotent.

@@ -584,7 +584,12 @@ void OpenAiServer::Impl::Routes(httplib::Server& s) {
   s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { HandleChat(req, res); });
   s.Post("/v1/completions",
          [this](const httplib::Request& req, httplib::Response& res) { HandleCompletion(req, res); });
-  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    if (absl::StatusOr<Caller> caller = CallerFromHttp(req); !caller.ok()) {
+      Reply(nullptr, res, ToHttpError(caller.status()));
+      if (metrics != nullptr) metrics->OnHttpRequest("/v1/models", res.status);
+      return;
+    }
     nlohmann::ordered_json body{{"object", "list"}, {"data", nlohmann::ordered_json::array({ModelJson()})}};
     res.set_content(openai::Dump(body), kJson);
     if (metrics != nullptr) metrics->OnHttpRequest("/v1/models", 200);
@@ -592,7 +597,9 @@ void OpenAiServer::Impl::Routes(httplib::Server& s) {
   s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
     HttpError e;
-    if (!CheckModel(id, &e)) {
+    if (absl::StatusOr<Caller> caller = CallerFromHttp(req); !caller.ok()) {
+      Reply(nullptr, res, ToHttpError(caller.status()));
+    } else if (!CheckModel(id, &e)) {
       Reply(nullptr, res, e);
     } else {
       res.set_content(openai::Dump(ModelJson()), kJson);
