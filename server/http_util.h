@@ -77,7 +77,8 @@ class HttpListener {
   int port() const { return port_; }
   // Closes the listening socket, ends chunked streams at their next step and joins
   // every worker (handlers blocked on the engine must be released first, e.g. by
-  // Engine::Shutdown). Idempotent.
+  // Engine::Shutdown; an idle keep-alive connection ends within keep_alive_timeout).
+  // Idempotent.
   void Stop();
 
  private:

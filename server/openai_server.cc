@@ -126,8 +126,10 @@ class Generation : public std::enable_shared_from_this<Generation> {
     bool wake = false;
     {
       absl::MutexLock lock(&mu_);
+      // The scheduler skips the stream while queued + being written reaches the limit
+      // (it may have looked at any moment since Take); wake it if that could be so.
+      wake = held_back_ || static_cast<int>(queue_.size()) + writing_ >= max_backlog_;
       writing_ = 0;
-      wake = held_back_;
       held_back_ = false;
     }
     if (wake) engine_->Wake();  // the scheduler may have skipped this stream
