@@ -617,6 +617,16 @@ class SessionsTest(HttpTestCase):
         status, _, body = post("/v1/chat/completions", chat_body(whole), headers={"x-echokv-session": sid})
         self.assertOpenAiError(status, body, 400, "messages")
 
+        # "new" on a stream: the id is in the response header and on every chunk.
+        heads, events = sse("/v1/chat/completions",
+                            chat_body([self.USER1], max_tokens=4, stream=True, session_id="new"))
+        sid2 = heads["x-echokv-session"]
+        self.addCleanup(client.delete, sid2)
+        self.assertNotEqual(sid2, sid)
+        self.assertTrue(all(c["session_id"] == sid2 for c in chunks(events)))
+        # The same prompt as the first session, plus up to 4 committed tokens (+ end of turn).
+        self.assertIn(client.get(sid2).tokens_seen - first["usage"]["prompt_tokens"], range(1, 6))
+
     def test_stateless_requests_leave_no_session(self):
         client = self.grpc()
         before = {s.id for s in client.list()}
