@@ -297,7 +297,6 @@ bool OpenAiServer::Impl::Admit(const httplib::Request& req, httplib::Response& r
 bool OpenAiServer::Impl::PrepareSession(Call* call, ApiKind kind, const SessionRef& ref, InputSpec input,
                                         const openai::EchokvOptions& options, std::string* session_id, bool* commit,
                                         int64_t* tokens_seen, HttpError* error) {
-  const std::string input_param = kind == ApiKind::kChat ? "messages" : "prompt";
   if (ref.mode != SessionRef::Mode::kContinue) {
     CreateRequest cr;
     cr.caller = call->caller;
