@@ -14,7 +14,10 @@ library only (http.client, socket, urllib) for HTTP and the echokv Python client
   a client that disconnects mid-stream (the generation stops: its commit is rolled
   back, the request counts as 499, the server keeps serving); /metrics and the API
   answering while 30 idle connections are held open; max_concurrent_streams (429) and
-  draining on SIGTERM (503).
+  draining on SIGTERM (503); chat on a model without a chat template (400 on messages).
+
+The served model is stories260K from a folder that adds a chat_template.jinja (the
+model ships none).
 
     ECHOKV_TEST_DATA=/work/shared /usr/bin/python3 tests/server/http_api_test.py \\
         --server-binary build/bin/echokv-server --client client/python
@@ -53,15 +56,15 @@ echokv = None
 class ServerProcess:
     """echokv-server on loopback with all three doors; ports from --port-file (3 lines)."""
 
-    def __init__(self, extra=()):
+    def __init__(self, extra=(), model=None):
         self.tmp = tempfile.TemporaryDirectory(prefix="echokv-http-")
         self.port_file = os.path.join(self.tmp.name, "ports")
         self.log_path = os.path.join(self.tmp.name, "server.log")
         self.log = open(self.log_path, "w")
-        args = [ARGS.server_binary, "--model", ARGS.model, "--host", "127.0.0.1", "--port", "0",
+        args = [ARGS.server_binary, "--model", model or ARGS.model, "--host", "127.0.0.1", "--port", "0",
                 "--metrics-port", "0", "--http-port", "0", "--port-file", self.port_file,
                 "--threads", "1", "--http-send-buffer-bytes", str(SMALL_SNDBUF),
-                "--http-max-body-bytes", "262144"] + CHAT_TEMPLATE_ARGS + list(extra)
+                "--http-max-body-bytes", "262144"] + list(extra)
         self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_listening(self):
@@ -100,15 +103,26 @@ class ServerProcess:
         self.tmp.cleanup()
 
 
-CHAT_TEMPLATE_ARGS = []
+# stories260K ships no chat template, and a model without one refuses chat input. The
+# tests serve it from a folder of links to its files plus a chat_template.jinja (the
+# loader's second source, model/chat_template.h): ChatML, plain text for this tokenizer.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 
 
-def chat_template_args(binary):
-    """stories260K ships no chat template. Once the server has --chat_template (issue 10,
-    point 2) a model without one refuses chat input, so name a built-in one; today's
-    server falls back to a built-in format by itself."""
-    out = subprocess.run([binary, "--helpfull"], capture_output=True, text=True).stdout
-    return ["--chat_template=builtin:llama2"] if "-chat_template" in out else []
+def model_with_chat_template(model, parent):
+    """A folder named like `model` holding links to its files and CHAT_TEMPLATE (so the
+    served model id stays "stories260K")."""
+    out = os.path.join(parent, os.path.basename(model))
+    os.makedirs(out)
+    for name in os.listdir(model):
+        os.symlink(os.path.join(model, name), os.path.join(out, name))
+    with open(os.path.join(out, "chat_template.jinja"), "w") as f:
+        f.write(CHAT_TEMPLATE)
+    return out
 
 
 # ---- HTTP helpers (standard library only) ----
@@ -234,14 +248,19 @@ def stream_text(events, kind="chat"):
     return "".join(out)
 
 
+MODEL_DIR = None  # the TemporaryDirectory holding the served model folder
+
+
 def setUpModule():
-    global SERVER, CHAT_TEMPLATE_ARGS
-    CHAT_TEMPLATE_ARGS = chat_template_args(ARGS.server_binary)
+    global SERVER, MODEL_DIR
+    MODEL_DIR = tempfile.TemporaryDirectory(prefix="echokv-http-model-")
+    ARGS.model = model_with_chat_template(ARGS.source_model, MODEL_DIR.name)
     SERVER = ServerProcess().wait_listening()
 
 
 def tearDownModule():
     SERVER.stop()
+    MODEL_DIR.cleanup()
 
 
 class HttpTestCase(unittest.TestCase):
@@ -802,6 +821,21 @@ class LimitsAndShutdownTest(HttpTestCase):
             server.stop()
 
 
+class NoChatTemplateTest(HttpTestCase):
+    def test_chat_without_a_template_is_refused_on_messages(self):
+        server = ServerProcess(model=ARGS.source_model).wait_listening()
+        try:
+            status, _, body = post("/v1/chat/completions", chat_body([{"role": "user", "content": "Hi"}]),
+                                   server=server)
+            self.assertOpenAiError(status, body, 400, "messages", "unimplemented")
+            self.assertIn("chat template", body["error"]["message"])
+            status, _, body = post("/v1/completions", {"model": "echokv", "prompt": "Hi", "max_tokens": 2},
+                                   server=server)
+            self.assertEqual(status, 200, body)
+        finally:
+            server.stop()
+
+
 def main():
     global ARGS, echokv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -812,9 +846,9 @@ def main():
     if not data:
         print("SKIPPED: $ECHOKV_TEST_DATA is unset (needs models/stories260K)")
         return SKIP
-    args.model = os.path.join(data, "models", "stories260K")
-    if not os.path.isfile(os.path.join(args.model, "config.json")):
-        print("no config.json in " + args.model)
+    args.source_model = os.path.join(data, "models", "stories260K")
+    if not os.path.isfile(os.path.join(args.source_model, "config.json")):
+        print("no config.json in " + args.source_model)
         return 1
     ARGS = args
     sys.path.insert(0, args.client)
