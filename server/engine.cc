@@ -1165,6 +1165,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithModel(const EngineConf
 }
 
 const ServerFacts& Engine::facts() const { return impl_->facts; }
+const model::Tokenizer& Engine::tokenizer() const { return *impl_->tokenizer; }
 
 void Engine::CreateSession(CreateRequest request, CancelFlag cancel, ProgressFn progress, DoneFn<SessionInfo> done) {
   Impl* impl = impl_.get();

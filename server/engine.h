@@ -262,6 +262,9 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   const ServerFacts& facts() const;
+  // The model's tokenizer (immutable, thread-safe const methods); the HTTP API reads
+  // token pieces from it for logprobs.
+  const model::Tokenizer& tokenizer() const;
 
   // Every method below returns at once; `done` runs exactly once (on the engine thread,
   // or on an edge thread for an early error; inline with UNAVAILABLE after Shutdown).

@@ -1,9 +1,11 @@
 // echokv-server: loads one model and serves echokv.v1.EchoKV (gRPC, callback API),
-// grpc.health.v1.Health, server reflection and Prometheus metrics.
+// grpc.health.v1.Health, server reflection, Prometheus metrics and (with --http_port)
+// the OpenAI-compatible HTTP API.
 //
-//   echokv-server --model /models/stories260K --port 50051 --metrics-port 9090
-//   echokv-server --model DIR --host 127.0.0.1 --port 0 --port-file /tmp/ports
-//     (port 0 picks a free port; the port file gets "GRPC_PORT\nMETRICS_PORT\n")
+//   echokv-server --model /models/stories260K --port 50051 --metrics-port 9090 --http-port 8080
+//   echokv-server --model DIR --host 127.0.0.1 --port 0 --http-port 0 --port-file /tmp/ports
+//     (port 0 picks a free port; the port file gets "GRPC_PORT\nMETRICS_PORT\nHTTP_PORT\n",
+//     0 for a door that is off)
 //
 // SIGTERM / SIGINT: health -> NOT_SERVING, stop accepting, let in-flight calls finish
 // until --shutdown-grace, then cancel what is left; exit 0. A second signal cancels
@@ -35,15 +37,39 @@
 #include "compression/config.h"
 #include "server/engine.h"
 #include "server/metrics.h"
+#include "server/openai_server.h"
 #include "server/service.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (Hugging Face layout); default $ECHOKV_MODEL");
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to serve gRPC on");
 ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port");
 ABSL_FLAG(std::string, port_file, "",
-          "When set, write the bound gRPC port and the metrics port (one per line) here");
+          "When set, write the bound gRPC, metrics and HTTP ports (one per line; 0 = off) here");
 ABSL_FLAG(std::string, metrics_host, "", "Address for /metrics; default --host");
 ABSL_FLAG(int, metrics_port, 9090, "Prometheus /metrics port; 0 picks a free port, -1 disables");
+ABSL_FLAG(int, metrics_threads, 64,
+          "Most /metrics connections served at once (workers start on demand; idle ones end)");
+ABSL_FLAG(int, http_port, -1,
+          "OpenAI-compatible HTTP API port (/v1/chat/completions, /v1/completions, /v1/models); "
+          "0 picks a free port, -1 disables");
+ABSL_FLAG(std::string, http_host, "", "Address for the HTTP API; default --host");
+ABSL_FLAG(int, http_threads, 128,
+          "Most HTTP API connections served at once (each request or stream holds one; workers start on "
+          "demand, idle ones end)");
+ABSL_FLAG(absl::Duration, http_read_timeout, absl::Seconds(30), "HTTP API: longest stall while reading a request");
+ABSL_FLAG(absl::Duration, http_write_timeout, absl::Seconds(60),
+          "HTTP API: longest a client may leave a response unread before it is dropped (and its generation "
+          "cancelled)");
+ABSL_FLAG(absl::Duration, http_keep_alive_timeout, absl::Seconds(5),
+          "HTTP API: an idle keep-alive connection is closed after this (whole seconds)");
+ABSL_FLAG(int, http_send_buffer_bytes, 0,
+          "HTTP API: SO_SNDBUF of each connection; 0 = kernel autotuning. Smaller: a stalled streaming client "
+          "holds its generation back sooner");
+ABSL_FLAG(int64_t, http_max_body_bytes, 0,
+          "HTTP API: largest request body (413 beyond); 0 = 4 x --max_request_bytes + 1 MiB (JSON overhead)");
+ABSL_FLAG(std::string, served_model_name, "",
+          "The model id of the HTTP API (GET /v1/models; requests' `model`); default the --model directory's "
+          "name. The alias \"echokv\" is always accepted too");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, dtype, "float32", "float32, bfloat16 or float16");
 ABSL_FLAG(int, threads, 0, "Compute threads (OpenBLAS for batched products, OpenMP for decode); 0 = $ECHOKV_THREADS or all cores");
@@ -157,7 +183,16 @@ int Run() {
     const std::string mhost = absl::GetFlag(FLAGS_metrics_host).empty() ? host : absl::GetFlag(FLAGS_metrics_host);
     metrics_address = absl::StrCat(mhost, ":", absl::GetFlag(FLAGS_metrics_port));
   }
-  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(metrics_address);
+  HttpOptions metrics_http;
+  metrics_http.max_threads = absl::GetFlag(FLAGS_metrics_threads);
+  metrics_http.read_timeout = absl::Seconds(5);
+  metrics_http.write_timeout = absl::Seconds(10);
+  metrics_http.keep_alive_timeout = absl::Seconds(2);
+  if (absl::Status s = metrics_http.Validate(); !s.ok()) {
+    ECHOKV_LOG(ERROR) << "--metrics_" << s.message();
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(metrics_address, metrics_http);
   if (!metrics.ok()) {
     ECHOKV_LOG(ERROR) << metrics.status().message();
     return 1;
@@ -183,6 +218,35 @@ int Run() {
     ECHOKV_LOG(ERROR) << "cannot listen on " << host << ":" << absl::GetFlag(FLAGS_port);
     return 1;
   }
+  // The HTTP door shares the engine and the max_concurrent_streams slots.
+  std::unique_ptr<OpenAiServer> http;
+  if (absl::GetFlag(FLAGS_http_port) >= 0) {
+    OpenAiConfig hc;
+    hc.host = absl::GetFlag(FLAGS_http_host).empty() ? host : absl::GetFlag(FLAGS_http_host);
+    hc.port = absl::GetFlag(FLAGS_http_port);
+    hc.model_name = absl::GetFlag(FLAGS_served_model_name);
+    hc.http.max_threads = absl::GetFlag(FLAGS_http_threads);
+    hc.http.read_timeout = absl::GetFlag(FLAGS_http_read_timeout);
+    hc.http.write_timeout = absl::GetFlag(FLAGS_http_write_timeout);
+    hc.http.keep_alive_timeout = absl::GetFlag(FLAGS_http_keep_alive_timeout);
+    hc.http.send_buffer_bytes = absl::GetFlag(FLAGS_http_send_buffer_bytes);
+    hc.http.max_body_bytes = absl::GetFlag(FLAGS_http_max_body_bytes) > 0
+                                 ? absl::GetFlag(FLAGS_http_max_body_bytes)
+                                 : 4 * config->limits.max_request_bytes + (int64_t{1} << 20);
+    if (absl::Status s = hc.http.Validate(); !s.ok()) {
+      ECHOKV_LOG(ERROR) << "--http_" << s.message();
+      return 2;
+    }
+    StreamSlots slots{[&service] { return service.AcquireStream(); }, [&service] { service.ReleaseStream(); }};
+    absl::StatusOr<std::unique_ptr<OpenAiServer>> started =
+        OpenAiServer::Start(engine->get(), metrics->get(), hc, std::move(slots));
+    if (!started.ok()) {
+      ECHOKV_LOG(ERROR) << started.status().message();
+      return 1;
+    }
+    http = std::move(*started);
+  }
+  const int http_port = http != nullptr ? http->port() : 0;
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   // Register the named service too ("" is the whole server); SetServingStatus(false)
   // on shutdown flips every registered name.
@@ -193,7 +257,7 @@ int Run() {
     const std::string tmp = path + ".tmp";
     {
       std::ofstream out(tmp);
-      out << port << "\n" << metrics_port << "\n";
+      out << port << "\n" << metrics_port << "\n" << http_port << "\n";
       if (!out) {
         ECHOKV_LOG(ERROR) << "cannot write --port_file " << path;
         return 1;
@@ -202,7 +266,7 @@ int Run() {
     std::rename(tmp.c_str(), path.c_str());  // readers never see half a file
   }
   ECHOKV_LOG(INFO) << "echokv-server listening on " << host << ":" << port << ", metrics on port "
-                   << metrics_port;
+                   << metrics_port << ", HTTP API " << (http != nullptr ? absl::StrCat("on port ", http_port) : "off");
 
   // Health that means something: the named service follows the engine (NOT_SERVING
   // while work waits and no step completes); "" is the process, up until shutdown.
@@ -232,6 +296,7 @@ int Run() {
   watchdog.join();
   ECHOKV_LOG(INFO) << "signal " << sig << ": shutting down (grace " << absl::GetFlag(FLAGS_shutdown_grace) << ")";
   health->SetServingStatus(false);
+  if (http != nullptr) http->Drain();  // new HTTP requests: 503
   const absl::Duration grace = absl::GetFlag(FLAGS_shutdown_grace);
   const absl::Time deadline = absl::Now() + grace;
   std::thread stopper([&server, deadline] { server->Shutdown(absl::ToChronoTime(deadline)); });
@@ -249,6 +314,7 @@ int Run() {
   }
   stopper.join();
   (*engine)->Shutdown();
+  if (http != nullptr) http->Stop();  // after the engine released every waiting handler
   ECHOKV_LOG(INFO) << "echokv-server stopped";
   return 0;
 }

@@ -7,22 +7,13 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include <httplib.h>
 
-#include <atomic>
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
-#include <functional>
-#include <exception>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -32,100 +23,6 @@ namespace {
 prometheus::Histogram::BucketBoundaries SecondsBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 }
-
-// A minimal HTTP/1.0 endpoint for GET /metrics on its own thread. prometheus-cpp's
-// Exposer (civetweb) cannot be used in this process: civetweb starts its threads with
-// 100 KiB stacks, smaller than the static TLS that LibTorch and friends need, so
-// pthread_create fails ("Cannot create threads"). One connection at a time is
-// plenty for a scraper.
-class HttpEndpoint {
- public:
-  static absl::StatusOr<std::unique_ptr<HttpEndpoint>> Listen(const std::string& address,
-                                                              std::function<std::string()> render) {
-    const size_t colon = address.rfind(':');
-    if (colon == std::string::npos) return absl::InvalidArgumentError("metrics address must be host:port");
-    const std::string host = address.substr(0, colon);
-    const int port = std::atoi(address.c_str() + colon + 1);
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return absl::UnavailableError("metrics: socket() failed");
-    const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    if (host.empty() || inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-      if (!host.empty() && host != "0.0.0.0" && host != "localhost") {
-        close(fd);
-        return absl::InvalidArgumentError(absl::StrCat("metrics: not an IPv4 address: ", host));
-      }
-      addr.sin_addr.s_addr = host == "localhost" ? htonl(INADDR_LOOPBACK) : htonl(INADDR_ANY);
-    }
-    socklen_t len = sizeof(addr);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 16) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      const std::string err = std::strerror(errno);
-      close(fd);
-      return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", address, ": ", err));
-    }
-    auto ep = std::unique_ptr<HttpEndpoint>(new HttpEndpoint(fd, ntohs(addr.sin_port), std::move(render)));
-    ep->thread_ = std::thread([raw = ep.get()] { raw->Serve(); });
-    return ep;
-  }
-  ~HttpEndpoint() {
-    stop_.store(true);
-    if (thread_.joinable()) thread_.join();
-    close(fd_);
-  }
-  int port() const { return port_; }
-
- private:
-  HttpEndpoint(int fd, int port, std::function<std::string()> render)
-      : fd_(fd), port_(port), render_(std::move(render)) {}
-
-  void Serve() {
-    while (!stop_.load()) {
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      const int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) continue;
-      timeval tv{2, 0};
-      setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-      setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-      std::string req;
-      char buf[2048];
-      while (req.find("\r\n\r\n") == std::string::npos && req.size() < 16384) {
-        const ssize_t n = recv(c, buf, sizeof(buf), 0);
-        if (n <= 0) break;
-        req.append(buf, static_cast<size_t>(n));
-      }
-      std::string status = "200 OK";
-      std::string body;
-      if (req.rfind("GET /metrics ", 0) == 0 || req.rfind("GET /metrics?", 0) == 0) {
-        body = render_();
-      } else {
-        status = "404 Not Found";
-        body = "only GET /metrics is served here\n";
-      }
-      const std::string head = absl::StrCat("HTTP/1.0 ", status,
-                                            "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-                                            "Content-Length: ", body.size(), "\r\nConnection: close\r\n\r\n");
-      const std::string out = head + body;
-      size_t sent = 0;
-      while (sent < out.size()) {
-        const ssize_t n = send(c, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
-        if (n <= 0) break;
-        sent += static_cast<size_t>(n);
-      }
-      close(c);
-    }
-  }
-
-  int fd_;                                  // listening socket
-  int port_;                                // bound port
-  std::function<std::string()> render_;     // the exposition text
-  std::atomic<bool> stop_{false};           // set by the destructor
-  std::thread thread_;                      // runs Serve()
-};
 
 }  // namespace
 
@@ -201,6 +98,10 @@ struct Metrics::Impl {
       .Name("echokv_requests_total")
       .Help("Finished RPCs by method and gRPC status code")
       .Register(*registry);
+  prometheus::Family<prometheus::Counter>& http_requests = prometheus::BuildCounter()
+      .Name("echokv_http_requests_total")
+      .Help("Finished HTTP API requests by route and HTTP status (499: the client left mid-stream)")
+      .Register(*registry);
   prometheus::Family<prometheus::Gauge>& queue_depth = prometheus::BuildGauge()
       .Name("echokv_engine_queue_depth")
       .Help("Tasks and prefill jobs waiting for the engine thread")
@@ -255,19 +156,36 @@ struct Metrics::Impl {
   prometheus::Gauge& queue_depth_g = queue_depth.Add({});
   prometheus::Gauge& active_generations_g = active_generations.Add({});
   prometheus::Gauge& streams_g = streams.Add({});
-  std::unique_ptr<HttpEndpoint> endpoint;  // null when not serving; destroyed first
+  std::unique_ptr<HttpListener> endpoint;  // null when not serving; destroyed first
 };
 
 Metrics::Metrics(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Metrics::~Metrics() = default;
 
-absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind_address) {
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind_address,
+                                                         const HttpOptions& options) {
   auto impl = std::make_unique<Impl>();
   Metrics* metrics = new Metrics(std::move(impl));
   std::unique_ptr<Metrics> owned(metrics);
   if (!bind_address.empty()) {
-    ECHOKV_ASSIGN_OR_RETURN(metrics->impl_->endpoint,
-                            HttpEndpoint::Listen(bind_address, [metrics] { return metrics->Render(); }));
+    const size_t colon = bind_address.rfind(':');
+    int port = -1;
+    if (colon == std::string::npos || !absl::SimpleAtoi(bind_address.substr(colon + 1), &port)) {
+      return absl::InvalidArgumentError(absl::StrCat("metrics address must be host:port, not '", bind_address, "'"));
+    }
+    absl::StatusOr<std::unique_ptr<HttpListener>> listener = HttpListener::Start(
+        bind_address.substr(0, colon), port, options, [metrics](httplib::Server& server) {
+          server.Get("/metrics", [metrics](const httplib::Request&, httplib::Response& res) {
+            res.set_content(metrics->Render(), "text/plain; version=0.0.4; charset=utf-8");
+          });
+          server.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+            if (res.status == 404) res.set_content("only GET /metrics is served here\n", "text/plain");
+          });
+        });
+    if (!listener.ok()) {
+      return absl::Status(listener.status().code(), absl::StrCat("metrics: ", listener.status().message()));
+    }
+    metrics->impl_->endpoint = std::move(*listener);
   }
   return owned;
 }
@@ -278,6 +196,10 @@ int Metrics::port() const {
 
 void Metrics::OnRequest(absl::string_view method, absl::string_view code) {
   impl_->requests.Add({{"method", std::string(method)}, {"code", std::string(code)}}).Increment();
+}
+
+void Metrics::OnHttpRequest(absl::string_view route, int status) {
+  impl_->http_requests.Add({{"route", std::string(route)}, {"code", std::to_string(status)}}).Increment();
 }
 
 void Metrics::OnStreamDelta(int delta) { impl_->streams_g.Increment(delta); }

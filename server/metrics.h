@@ -1,6 +1,7 @@
 // Prometheus metrics of echokv-server (DESIGN.md rule 10): the engine reports plain
 // stats (server/stats.h) and the service reports request outcomes; this class turns
-// them into prometheus-cpp families served at GET /metrics (own HTTP thread). Every name
+// them into prometheus-cpp families served at GET /metrics (cpp-httplib on its own
+// port: a growing pool of workers and timeouts, server/http_util.h). Every name
 // starts with "echokv_"; label values are bounded (policy, phase, method, code,
 // limit), never a session id.
 //
@@ -16,21 +17,27 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/http_util.h"
 #include "server/stats.h"
 
 namespace echokv::server {
 
 class Metrics : public EngineObserver {
  public:
-  // Serves /metrics on `bind_address` ("host:port"; port 0 picks a free port). An
-  // empty address builds the families without serving them (tests).
-  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& bind_address);
+  // Serves /metrics on `bind_address` ("host:port", host may be "[::]"; port 0 picks
+  // a free port) with `options` (workers, timeouts). An empty address builds the
+  // families without serving them (tests).
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& bind_address,
+                                                         const HttpOptions& options = {});
   ~Metrics() override;
 
   int port() const;  // the bound port (0 when not serving)
 
   // One finished RPC: method name ("Generate") and gRPC code name ("OK", "NOT_FOUND").
   void OnRequest(absl::string_view method, absl::string_view code);
+  // One finished HTTP API request: its route ("/v1/chat/completions") and HTTP status
+  // (499: the client went away before the end of a streamed response).
+  void OnHttpRequest(absl::string_view route, int status);
   // Streaming RPCs in flight (+1 / -1).
   void OnStreamDelta(int delta);
   // The text exposition of every family (what /metrics serves).

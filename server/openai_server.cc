@@ -1,0 +1,694 @@
+#include "server/openai_server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "server/http_auth.h"
+#include "server/http_status.h"
+#include "server/openai_protocol.h"
+
+namespace echokv::server {
+
+using openai::ApiKind;
+using openai::GenerationRequest;
+using openai::ResponseBuilder;
+using openai::SessionRef;
+
+namespace {
+
+constexpr char kSessionHeader[] = "x-echokv-session";
+constexpr char kJson[] = "application/json";
+// How often an idle stream checks that its client is still there.
+constexpr absl::Duration kStreamPoll = absl::Milliseconds(100);
+
+// The result of one engine call, waited for on an HTTP worker. The callback owns a
+// reference to the state, so the waiter may go first.
+template <typename T>
+class Result {
+ public:
+  DoneFn<T> Callback() const {
+    return [st = state_](absl::StatusOr<T> v) {
+      absl::MutexLock lock(&st->mu);
+      st->value = std::move(v);
+      st->done = true;
+    };
+  }
+  absl::StatusOr<T> Wait() const {
+    absl::MutexLock lock(&state_->mu);
+    state_->mu.Await(absl::Condition(&state_->done));
+    return std::move(state_->value);
+  }
+
+ private:
+  struct State {
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::StatusOr<T> value ABSL_GUARDED_BY(mu) = absl::UnknownError("no result");
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+// One Generate: the engine's deltas queue here (engine thread) and the HTTP worker
+// takes them. For streams, backlog() = deltas queued + those being written: what the
+// client has not taken yet, so the scheduler skips a slow reader instead of queueing
+// without bound (EngineLimits::max_stream_backlog).
+class Generation : public std::enable_shared_from_this<Generation> {
+ public:
+  Generation(Engine* engine, int max_backlog) : engine_(engine), max_backlog_(max_backlog) {}
+
+  CancelFlag cancel() const { return cancel_; }
+
+  StreamSink Sink(bool streaming) {
+    StreamSink sink;
+    std::shared_ptr<Generation> self = shared_from_this();
+    sink.on_delta = [self](GenerateDelta d) {
+      absl::MutexLock lock(&self->mu_);
+      self->queue_.push_back(std::move(d));
+    };
+    if (streaming) {
+      sink.backlog = [self] {
+        absl::MutexLock lock(&self->mu_);
+        return static_cast<int>(self->queue_.size()) + self->writing_;
+      };
+    }
+    return sink;
+  }
+
+  DoneFn<GenerateSummary> Done() {
+    return [self = shared_from_this()](absl::StatusOr<GenerateSummary> r) {
+      absl::MutexLock lock(&self->mu_);
+      self->result_ = std::move(r);
+      self->done_ = true;
+    };
+  }
+
+  // Blocks until a delta or the end arrived.
+  void WaitFirstEvent() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &Generation::HasEvent));
+  }
+
+  // The end, with no delta before it.
+  bool EndedEmpty() {
+    absl::MutexLock lock(&mu_);
+    return done_ && queue_.empty();
+  }
+
+  enum class Next { kDeltas, kEnd, kIdle };
+  // Takes every queued delta (then call Written() after writing them), or reports the
+  // end once the queue is empty, or kIdle after `wait` with nothing new.
+  Next Take(absl::Duration wait, std::vector<GenerateDelta>* out) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(this, &Generation::HasEvent), wait);
+    if (!queue_.empty()) {
+      held_back_ = static_cast<int>(queue_.size()) >= max_backlog_;
+      for (GenerateDelta& d : queue_) out->push_back(std::move(d));
+      queue_.clear();
+      writing_ = static_cast<int>(out->size());
+      return Next::kDeltas;
+    }
+    return done_ ? Next::kEnd : Next::kIdle;
+  }
+
+  // The deltas of the last Take() left for the client.
+  void Written() {
+    bool wake = false;
+    {
+      absl::MutexLock lock(&mu_);
+      // The scheduler skips the stream while queued + being written reaches the limit
+      // (it may have looked at any moment since Take); wake it if that could be so.
+      wake = held_back_ || static_cast<int>(queue_.size()) + writing_ >= max_backlog_;
+      writing_ = 0;
+      held_back_ = false;
+    }
+    if (wake) engine_->Wake();  // the scheduler may have skipped this stream
+  }
+
+  // Blocks until the engine finished; returns its result and every delta not taken.
+  absl::StatusOr<GenerateSummary> WaitEnd(std::vector<GenerateDelta>* rest = nullptr) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+    if (rest != nullptr) {
+      for (GenerateDelta& d : queue_) rest->push_back(std::move(d));
+      queue_.clear();
+    }
+    return result_;
+  }
+
+  absl::StatusOr<GenerateSummary> result() {
+    absl::MutexLock lock(&mu_);
+    return result_;
+  }
+
+ private:
+  bool HasEvent() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || done_; }
+
+  Engine* engine_;                 // not owned
+  const int max_backlog_;          // EngineLimits::max_stream_backlog
+  CancelFlag cancel_ = std::make_shared<std::atomic<bool>>(false);
+  absl::Mutex mu_;
+  std::deque<GenerateDelta> queue_ ABSL_GUARDED_BY(mu_);   // deltas not yet taken
+  int writing_ ABSL_GUARDED_BY(mu_) = 0;                   // taken, being written
+  bool held_back_ ABSL_GUARDED_BY(mu_) = false;            // the queue was at the backlog limit
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::StatusOr<GenerateSummary> result_ ABSL_GUARDED_BY(mu_) = absl::UnknownError("not finished");
+};
+
+// Fills in `param` for the engine's INVALID_ARGUMENT messages, which start with the
+// gRPC field name ("input.chat: ...", "max_tokens ...", "sampling.top_p ...").
+HttpError EngineError(const absl::Status& status, ApiKind kind, const std::string& max_tokens_param) {
+  HttpError e = ToHttpError(status);
+  const absl::string_view m = status.message();
+  if (status.code() == absl::StatusCode::kInvalidArgument || status.code() == absl::StatusCode::kUnimplemented) {
+    if (absl::StartsWith(m, "input")) {
+      e.param = kind == ApiKind::kChat ? "messages" : "prompt";
+    } else if (absl::StartsWith(m, "max_tokens")) {
+      e.param = max_tokens_param.empty() ? "max_tokens" : max_tokens_param;
+    } else if (absl::StartsWith(m, "sampling.")) {
+      const absl::string_view rest = m.substr(9);
+      e.param = std::string(rest.substr(0, rest.find_first_of(" :")));
+    } else if (absl::StartsWith(m, "stop_token_ids")) {
+      e.param = "stop_token_ids";
+    } else if (absl::StartsWith(m, "stop")) {
+      e.param = "stop";
+    } else if (absl::StartsWith(m, "compression.") || absl::StartsWith(m, "ttl_seconds")) {
+      e.param = "echokv";
+    }
+  }
+  return e;
+}
+
+uint64_t RandomSeed() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng();
+}
+
+}  // namespace
+
+class OpenAiServer::Impl {
+ public:
+  Engine* engine = nullptr;                   // not owned
+  Metrics* metrics = nullptr;                 // not owned; may be null
+  OpenAiConfig config;
+  StreamSlots slots;
+  std::string model_name;                     // the served id
+  int64_t created = 0;                        // Unix seconds at start (GET /v1/models)
+  std::unique_ptr<openai::TokenTable> tokens; // logprobs token strings
+  std::atomic<bool> draining{false};
+  std::atomic<int> in_flight{0};              // completion requests running
+  std::unique_ptr<HttpListener> listener;
+
+  // One completion request from parse to the last byte; the destructor (on an HTTP
+  // worker, after the engine finished) deletes a temporary session, frees the slot
+  // and counts the request.
+  struct Call {
+    Impl* impl;
+    const char* route;
+    Caller caller;
+    bool slot = false;               // holds a StreamSlots slot
+    std::string temporary_session;   // deleted at the end
+    int status = 200;                // for metrics (499: the client left mid-stream)
+    Call(Impl* i, const char* r) : impl(i), route(r) { impl->in_flight.fetch_add(1); }
+    ~Call() {
+      if (!temporary_session.empty()) {
+        impl->engine->DeleteSession(caller, temporary_session, [](absl::StatusOr<int64_t>) {});
+      }
+      if (slot && impl->slots.release) impl->slots.release();
+      if (impl->metrics != nullptr) impl->metrics->OnHttpRequest(route, status);
+      impl->in_flight.fetch_sub(1);
+    }
+  };
+
+  void Routes(httplib::Server& s);
+
+ private:
+  void Reply(Call* call, httplib::Response& res, const HttpError& e) {
+    if (call != nullptr) call->status = e.status;
+    res.status = e.status;
+    res.set_content(HttpErrorJson(e), kJson);
+  }
+  bool CheckModel(const std::string& model, HttpError* e) const {
+    if (model == model_name || model == config.model_alias) return true;
+    *e = ToHttpError(absl::NotFoundError(absl::StrCat("The model '", model, "' does not exist; this server serves '",
+                                                      model_name, "' (alias '", config.model_alias, "')")));
+    e->param = "model";
+    e->code = "model_not_found";
+    return false;
+  }
+  absl::StatusOr<compression::CompressionConfig> ConfigFrom(const openai::EchokvOptions& o) const;
+  // Creates or extends the session the request runs on. Sets `session_id`, `commit` and
+  // `tokens_seen`; false with `error` set on failure.
+  bool PrepareSession(Call* call, ApiKind kind, const SessionRef& ref, InputSpec input,
+                      const openai::EchokvOptions& options, std::string* session_id, bool* commit,
+                      int64_t* tokens_seen, HttpError* error);
+  void Complete(const httplib::Request& req, httplib::Response& res, ApiKind kind, const GenerationRequest& gen,
+                InputSpec input, std::shared_ptr<Call> call);
+  void HandleChat(const httplib::Request& req, httplib::Response& res);
+  void HandleCompletion(const httplib::Request& req, httplib::Response& res);
+  // Auth, drain and parse checks shared by both; false: `res` holds the error.
+  bool Admit(const httplib::Request& req, httplib::Response& res, Call* call);
+  nlohmann::ordered_json ModelJson() const {
+    return nlohmann::ordered_json{{"id", model_name}, {"object", "model"}, {"created", created}, {"owned_by", "echokv"}};
+  }
+};
+
+absl::StatusOr<compression::CompressionConfig> OpenAiServer::Impl::ConfigFrom(const openai::EchokvOptions& o) const {
+  compression::CompressionConfig cfg = engine->facts().default_compression;
+  if (o.policy.has_value()) {
+    absl::StatusOr<compression::PolicyKind> kind = compression::ParsePolicyKind(*o.policy);
+    if (!kind.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("echokv.policy: unknown policy '", *o.policy, "'; one of ",
+                                                     absl::StrJoin(engine->facts().policies, ", ")));
+    }
+    cfg.policy = *kind;
+  }
+  if (o.budget.has_value()) cfg.budget = *o.budget;
+  if (o.lookahead.has_value()) cfg.lookahead = *o.lookahead;
+  if (o.workspace.has_value()) cfg.workspace = *o.workspace;
+  if (o.window.has_value()) cfg.stage2_window = *o.window;
+  return cfg;
+}
+
+bool OpenAiServer::Impl::Admit(const httplib::Request& req, httplib::Response& res, Call* call) {
+  absl::StatusOr<Caller> caller = CallerFromHttp(req);
+  if (!caller.ok()) {
+    Reply(call, res, ToHttpError(caller.status()));
+    return false;
+  }
+  call->caller = *caller;
+  if (draining.load()) {
+    Reply(call, res, ToHttpError(absl::UnavailableError("the server is shutting down")));
+    return false;
+  }
+  return true;
+}
+
+bool OpenAiServer::Impl::PrepareSession(Call* call, ApiKind kind, const SessionRef& ref, InputSpec input,
+                                        const openai::EchokvOptions& options, std::string* session_id, bool* commit,
+                                        int64_t* tokens_seen, HttpError* error) {
+  if (ref.mode != SessionRef::Mode::kContinue) {
+    CreateRequest cr;
+    cr.caller = call->caller;
+    absl::StatusOr<compression::CompressionConfig> cfg = ConfigFrom(options);
+    if (!cfg.ok()) {
+      *error = EngineError(cfg.status(), kind, "");
+      error->param = "echokv.policy";
+      return false;
+    }
+    cr.config = *cfg;
+    if (options.memory.has_value()) {
+      absl::StatusOr<MemoryMode> m = ParseMemoryMode(*options.memory);
+      if (!m.ok()) {
+        *error = InvalidParam("echokv.memory", absl::StrCat("echokv.memory: ", m.status().message()));
+        return false;
+      }
+      cr.memory = *m;
+    }
+    if (options.ttl_seconds.has_value()) cr.ttl = absl::Seconds(*options.ttl_seconds);
+    cr.input = std::move(input);
+    Result<SessionInfo> created;
+    engine->CreateSession(std::move(cr), nullptr, nullptr, created.Callback());
+    absl::StatusOr<SessionInfo> info = created.Wait();
+    if (!info.ok()) {
+      *error = EngineError(info.status(), kind, "");
+      if (absl::StartsWith(info.status().message(), "ttl_seconds")) error->param = "echokv.ttl_seconds";
+      return false;
+    }
+    *session_id = info->id;
+    *tokens_seen = info->tokens_seen;
+    *commit = ref.mode == SessionRef::Mode::kNew;
+    if (ref.mode == SessionRef::Mode::kStateless) call->temporary_session = info->id;
+    return true;
+  }
+
+  // Continue: the session must exist; chat appends only what it has not seen.
+  *session_id = ref.id;
+  *commit = true;
+  Result<SessionInfo> got;
+  engine->GetSession(call->caller, ref.id, got.Callback());
+  absl::StatusOr<SessionInfo> info = got.Wait();
+  if (!info.ok()) {
+    *error = EngineError(info.status(), kind, "");
+    if (info.status().code() == absl::StatusCode::kNotFound) error->code = "session_not_found";
+    if (info.status().code() == absl::StatusCode::kInvalidArgument) error->param = "session_id";
+    return false;
+  }
+  *tokens_seen = info->tokens_seen;
+  bool append = true;
+  if (input.kind == InputSpec::Kind::kChat) {
+    const std::vector<model::ChatMessage>& stored = info->messages;
+    const std::vector<model::ChatMessage>& sent = input.chat;
+    // OpenAI clients send the whole conversation every time: the session's stored
+    // conversation must be its beginning.
+    for (size_t i = 0; i < stored.size(); ++i) {
+      if (i >= sent.size()) {
+        *error = ToHttpError(absl::FailedPreconditionError(absl::StrCat(
+            "messages: the session holds a conversation of ", stored.size(), " messages; the request sends ",
+            sent.size(), ". Send the whole conversation (the session's messages, then the new ones)")));
+        error->param = "messages";
+        error->code = "conversation_mismatch";
+        return false;
+      }
+      if (stored[i].role != sent[i].role || stored[i].content != sent[i].content) {
+        *error = ToHttpError(absl::FailedPreconditionError(absl::StrCat(
+            "messages[", i, "] (", sent[i].role, ") differs from message ", i, " of the session's conversation (",
+            stored[i].role, "); a session's conversation cannot be edited: send it unchanged, then the new "
+            "messages, or start a new session")));
+        error->param = absl::StrCat("messages[", i, "]");
+        error->code = "conversation_mismatch";
+        return false;
+      }
+    }
+    input.chat.erase(input.chat.begin(), input.chat.begin() + static_cast<std::ptrdiff_t>(stored.size()));
+    if (input.chat.empty()) {
+      if (!stored.empty() && stored.back().role == "assistant") {
+        *error = InvalidParam("messages", "messages: nothing new after the session's conversation, which ends with "
+                                          "the assistant's reply; add a user message");
+        return false;
+      }
+      append = false;  // e.g. a session created with the question and the generation prompt
+    }
+  } else if (input.kind == InputSpec::Kind::kText) {
+    append = !input.text.empty();  // "" continues generating where the session ends
+  }
+  if (!append) return true;
+  AppendRequest ar;
+  ar.caller = call->caller;
+  ar.session_id = ref.id;
+  ar.input = std::move(input);
+  Result<SessionInfo> appended;
+  engine->AppendToSession(std::move(ar), nullptr, nullptr, appended.Callback());
+  absl::StatusOr<SessionInfo> after = appended.Wait();
+  if (!after.ok()) {
+    *error = EngineError(after.status(), kind, "");
+    if (after.status().code() == absl::StatusCode::kNotFound) error->code = "session_not_found";
+    return false;
+  }
+  *tokens_seen = after->tokens_seen;
+  return true;
+}
+
+void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response& res, ApiKind kind,
+                                  const GenerationRequest& gen, InputSpec input, std::shared_ptr<Call> call) {
+  HttpError err;
+  if (!CheckModel(gen.model, &err)) return Reply(call.get(), res, err);
+  SessionRef ref;
+  if (!openai::ResolveSession(gen.session_id, req.get_header_value(kSessionHeader), &ref, &err)) {
+    return Reply(call.get(), res, err);
+  }
+  const ServerFacts& facts = engine->facts();
+  if (gen.max_tokens.has_value() && *gen.max_tokens > facts.limits.max_new_tokens) {
+    return Reply(call.get(), res,
+                 InvalidParam(gen.max_tokens_param,
+                                      absl::StrCat(gen.max_tokens_param, ": must be at most ",
+                                                   facts.limits.max_new_tokens, " (the server's max_new_tokens), not ",
+                                                   *gen.max_tokens)));
+  }
+  if (slots.acquire) {
+    if (!slots.acquire()) {
+      if (metrics != nullptr) metrics->OnSessionRejected("max_concurrent_streams");
+      return Reply(call.get(), res,
+                   ToHttpError(absl::ResourceExhaustedError(
+                       "max_concurrent_streams reached: too many generation requests in flight; retry later")));
+    }
+    call->slot = true;
+  }
+
+  std::string session_id;
+  bool commit = false;
+  int64_t tokens_seen = 0;
+  if (!PrepareSession(call.get(), kind, ref, std::move(input), gen.echokv, &session_id, &commit, &tokens_seen, &err)) {
+    return Reply(call.get(), res, err);
+  }
+  const bool keep = ref.mode != SessionRef::Mode::kStateless;
+
+  GenerateParams p;
+  p.caller = call->caller;
+  p.session_id = session_id;
+  p.commit = commit;
+  p.sampling = gen.sampling;
+  p.sampling.seed = gen.seed.has_value() ? *gen.seed : RandomSeed();
+  p.stop = gen.stop;
+  p.stop_ids = gen.stop_token_ids;
+  p.ignore_eos = gen.ignore_eos;
+  if (gen.max_tokens.has_value()) {
+    p.max_tokens = *gen.max_tokens;
+  } else {
+    // OpenAI: chat runs until the model stops (here: max_new_tokens, and the room the
+    // context has left); legacy completions default to 16 tokens.
+    const int64_t max_ctx = facts.limits.max_context_tokens;
+    const int64_t room = commit ? max_ctx - tokens_seen : max_ctx - tokens_seen + 1;
+    const int64_t wanted = kind == ApiKind::kChat ? facts.limits.max_new_tokens
+                                                  : std::min(16, facts.limits.max_new_tokens);
+    p.max_tokens = static_cast<int>(std::max<int64_t>(1, std::min(wanted, room)));
+  }
+
+  ResponseBuilder builder(kind, openai::NewResponseId(kind), absl::ToUnixSeconds(absl::Now()), model_name,
+                          tokens.get());
+  builder.set_logprobs(gen.sampling.logprobs);
+  builder.set_include_usage(gen.include_usage);
+  if (keep) {
+    builder.set_session_id(session_id);
+    res.set_header(kSessionHeader, session_id);
+  }
+
+  auto generation = std::make_shared<Generation>(engine, facts.limits.max_stream_backlog);
+  engine->Generate(std::move(p), generation->cancel(), generation->Sink(gen.stream), generation->Done());
+  const std::string max_param = gen.max_tokens_param;
+
+  if (!gen.stream) {
+    std::vector<GenerateDelta> deltas;
+    absl::StatusOr<GenerateSummary> r = generation->WaitEnd(&deltas);
+    if (!r.ok()) return Reply(call.get(), res, EngineError(r.status(), kind, max_param));
+    std::string text;
+    std::vector<model::SampledToken> logprobs;
+    for (GenerateDelta& d : deltas) {
+      text += d.text;
+      for (model::SampledToken& t : d.logprobs) logprobs.push_back(std::move(t));
+    }
+    res.status = 200;
+    res.set_content(builder.Full(text, logprobs, r->reason, {r->prompt_tokens, r->generated_tokens}), kJson);
+    return;
+  }
+
+  // Streaming: errors that come before any token still get their HTTP status.
+  generation->WaitFirstEvent();
+  if (generation->EndedEmpty()) {
+    absl::StatusOr<GenerateSummary> r = generation->result();
+    if (!r.ok()) return Reply(call.get(), res, EngineError(r.status(), kind, max_param));
+  }
+  struct StreamState {
+    ResponseBuilder builder;
+    bool first = true;
+    bool delivered = false;  // [DONE] was written
+  };
+  auto state = std::make_shared<StreamState>(StreamState{std::move(builder)});
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");  // proxies: do not buffer the events
+  const bool include_usage = gen.include_usage;
+  // "text/event-stream" exactly: httplib never compresses it (events flush at once).
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [generation, state, kind, max_param, include_usage, call](size_t, httplib::DataSink& sink) -> bool {
+        std::string out;
+        if (state->first) {
+          state->first = false;
+          const std::string first = state->builder.FirstChunk();
+          if (!first.empty()) out = openai::SseEvent(first);
+        }
+        std::vector<GenerateDelta> deltas;
+        switch (generation->Take(kStreamPoll, &deltas)) {
+          case Generation::Next::kDeltas: {
+            for (const GenerateDelta& d : deltas) out += openai::SseEvent(state->builder.DeltaChunk(d));
+            const bool ok = sink.write(out.data(), out.size());
+            generation->Written();
+            return ok;  // false: the client is gone (the releaser cancels)
+          }
+          case Generation::Next::kEnd: {
+            absl::StatusOr<GenerateSummary> r = generation->result();
+            if (r.ok()) {
+              out += openai::SseEvent(state->builder.FinishChunk(r->reason));
+              if (include_usage) {
+                out += openai::SseEvent(state->builder.UsageChunk({r->prompt_tokens, r->generated_tokens}));
+              }
+            } else {
+              const HttpError e = EngineError(r.status(), kind, max_param);
+              call->status = e.status;
+              out += openai::SseEvent(HttpErrorJson(e));
+            }
+            out += std::string(openai::kSseDone);
+            if (!sink.write(out.data(), out.size())) return false;
+            state->delivered = true;
+            sink.done();
+            return true;
+          }
+          case Generation::Next::kIdle:
+            if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+            return sink.is_writable();  // a closed connection ends the stream
+        }
+        return false;
+      },
+      [generation, state, call](bool) {
+        if (!state->delivered) {
+          // The client left (or the server is stopping): stop the generation; a
+          // commit is rolled back by the engine.
+          generation->cancel()->store(true);
+          if (call->status == 200) call->status = 499;
+        }
+        (void)generation->WaitEnd();  // before `call` deletes a temporary session
+      });
+}
+
+void OpenAiServer::Impl::HandleChat(const httplib::Request& req, httplib::Response& res) {
+  auto call = std::make_shared<Call>(this, "/v1/chat/completions");
+  if (!Admit(req, res, call.get())) return;
+  openai::ChatRequest cr;
+  HttpError err;
+  if (!openai::ParseChatRequest(req.body, &cr, &err)) return Reply(call.get(), res, err);
+  InputSpec input;
+  input.kind = InputSpec::Kind::kChat;
+  input.chat = std::move(cr.messages);
+  input.add_generation_prompt = cr.add_generation_prompt;
+  Complete(req, res, ApiKind::kChat, cr.gen, std::move(input), std::move(call));
+}
+
+void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Response& res) {
+  auto call = std::make_shared<Call>(this, "/v1/completions");
+  if (!Admit(req, res, call.get())) return;
+  openai::CompletionRequest cr;
+  HttpError err;
+  if (!openai::ParseCompletionRequest(req.body, &cr, &err)) return Reply(call.get(), res, err);
+  InputSpec input;
+  if (cr.token_prompt) {
+    input.kind = InputSpec::Kind::kTokens;
+    input.tokens = std::move(cr.tokens);
+  } else {
+    input.kind = InputSpec::Kind::kText;
+    input.text = std::move(cr.text);
+  }
+  Complete(req, res, ApiKind::kCompletion, cr.gen, std::move(input), std::move(call));
+}
+
+void OpenAiServer::Impl::Routes(httplib::Server& s) {
+  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { HandleChat(req, res); });
+  s.Post("/v1/completions",
+         [this](const httplib::Request& req, httplib::Response& res) { HandleCompletion(req, res); });
+  s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    if (absl::StatusOr<Caller> caller = CallerFromHttp(req); !caller.ok()) {
+      Reply(nullptr, res, ToHttpError(caller.status()));
+      if (metrics != nullptr) metrics->OnHttpRequest("/v1/models", res.status);
+      return;
+    }
+    nlohmann::ordered_json body{{"object", "list"}, {"data", nlohmann::ordered_json::array({ModelJson()})}};
+    res.set_content(openai::Dump(body), kJson);
+    if (metrics != nullptr) metrics->OnHttpRequest("/v1/models", 200);
+  });
+  s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    HttpError e;
+    if (absl::StatusOr<Caller> caller = CallerFromHttp(req); !caller.ok()) {
+      Reply(nullptr, res, ToHttpError(caller.status()));
+    } else if (!CheckModel(id, &e)) {
+      Reply(nullptr, res, e);
+    } else {
+      res.set_content(openai::Dump(ModelJson()), kJson);
+    }
+    if (metrics != nullptr) metrics->OnHttpRequest("/v1/models", res.status < 0 ? 200 : res.status);
+  });
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const EngineHealth h = engine->Health();
+    const char* status = draining.load() ? "draining" : h.serving ? "ok" : "stuck";
+    res.status = std::string(status) == "ok" ? 200 : 503;
+    res.set_content(openai::Dump(nlohmann::ordered_json{{"status", status}}), kJson);
+  });
+  // httplib's own errors (no route, body too large, malformed HTTP) get OpenAI's shape.
+  const int64_t max_body = config.http.max_body_bytes;
+  s.set_error_handler(httplib::Server::HandlerWithResponse([this, max_body](const httplib::Request& req,
+                                                                            httplib::Response& res) {
+    if (!res.body.empty() || res.content_provider_) return httplib::Server::HandlerResponse::Unhandled;
+    HttpError e;
+    e.status = res.status;
+    e.type = "invalid_request_error";
+    switch (res.status) {
+      case 404:
+        e.code = "not_found";
+        e.message = absl::StrCat("no route for ", req.method, " ", req.path,
+                                 " (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health)");
+        break;
+      case 413:
+        e.code = "request_too_large";
+        e.message = absl::StrCat("the request body exceeds ", max_body, " bytes (--http_max_body_bytes)");
+        break;
+      default:
+        e.code = "bad_request";
+        e.message = absl::StrCat("HTTP ", res.status, ": the request could not be read");
+        if (res.status >= 500) e.type = "server_error";
+        break;
+    }
+    res.set_content(HttpErrorJson(e), kJson);
+    if (metrics != nullptr) metrics->OnHttpRequest("other", res.status);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    res.status = 500;
+    res.set_content(HttpErrorJson(ToHttpError(absl::InternalError(absl::StrCat("internal error: ", what)))), kJson);
+  });
+}
+
+OpenAiServer::OpenAiServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+OpenAiServer::~OpenAiServer() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Engine* engine, Metrics* metrics,
+                                                                  const OpenAiConfig& config, StreamSlots slots) {
+  if (engine == nullptr) return absl::InvalidArgumentError("OpenAiServer: an engine is required");
+  if (static_cast<bool>(slots.acquire) != static_cast<bool>(slots.release)) {
+    return absl::InvalidArgumentError("OpenAiServer: StreamSlots needs both acquire and release, or neither");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->engine = engine;
+  impl->metrics = metrics;
+  impl->config = config;
+  impl->slots = std::move(slots);
+  impl->model_name = config.model_name.empty() ? engine->facts().model_name : config.model_name;
+  impl->created = absl::ToUnixSeconds(absl::Now());
+  impl->tokens = std::make_unique<openai::TokenTable>(engine->tokenizer());
+  Impl* raw = impl.get();
+  absl::StatusOr<std::unique_ptr<HttpListener>> listener =
+      HttpListener::Start(config.host, config.port, config.http, [raw](httplib::Server& s) { raw->Routes(s); });
+  if (!listener.ok()) {
+    return absl::Status(listener.status().code(), absl::StrCat("http: ", listener.status().message()));
+  }
+  impl->listener = std::move(*listener);
+  return std::unique_ptr<OpenAiServer>(new OpenAiServer(std::move(impl)));
+}
+
+int OpenAiServer::port() const { return impl_->listener->port(); }
+const std::string& OpenAiServer::model_name() const { return impl_->model_name; }
+void OpenAiServer::Drain() { impl_->draining.store(true); }
+int OpenAiServer::in_flight() const { return impl_->in_flight.load(); }
+
+void OpenAiServer::Stop() {
+  impl_->draining.store(true);
+  if (impl_->listener != nullptr) impl_->listener->Stop();
+}
+
+}  // namespace echokv::server
