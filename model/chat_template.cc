@@ -220,18 +220,56 @@ std::vector<std::pair<std::string, int>> SpecialPieces(const Tokenizer& tokenize
   return out;
 }
 
+}  // namespace
+
+bool ChatMessage::operator==(const ChatMessage& o) const {
+  if (role != o.role || content != o.content || name != o.name || tool_call_id != o.tool_call_id ||
+      tool_calls.size() != o.tool_calls.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < tool_calls.size(); ++i) {
+    const ToolCall& a = tool_calls[i];
+    const ToolCall& b = o.tool_calls[i];
+    if (a.id != b.id || a.type != b.type || a.name != b.name || a.arguments_json != b.arguments_json) return false;
+  }
+  return true;
+}
+
 ordered_json MessagesToJson(const std::vector<ChatMessage>& messages) {
   ordered_json out = ordered_json::array();
   for (const ChatMessage& m : messages) {
     ordered_json j = ordered_json::object();
     j["role"] = m.role;
-    j["content"] = m.content;
+    if (m.content.empty() && !m.tool_calls.empty()) {
+      j["content"] = nullptr;
+    } else {
+      j["content"] = m.content;
+    }
+    if (!m.name.empty()) j["name"] = m.name;
+    if (!m.tool_calls.empty()) {
+      ordered_json calls = ordered_json::array();
+      for (const ToolCall& c : m.tool_calls) {
+        ordered_json call = ordered_json::object();
+        if (!c.id.empty()) call["id"] = c.id;
+        call["type"] = c.type.empty() ? "function" : c.type;
+        ordered_json fn = ordered_json::object();
+        fn["name"] = c.name;
+        ordered_json args = ordered_json::parse(c.arguments_json, nullptr, /*allow_exceptions=*/false);
+        if (!args.is_discarded() && args.is_object()) {
+          fn["arguments"] = std::move(args);
+        } else {
+          fn["arguments"] = c.arguments_json;
+        }
+        call["function"] = std::move(fn);
+        calls.push_back(std::move(call));
+      }
+      j["tool_calls"] = std::move(calls);
+    }
+    if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
     out.push_back(std::move(j));
   }
   return out;
 }
-
-}  // namespace
 
 absl::StatusOr<ChatTemplate> ChatTemplate::Create(absl::string_view source, ChatTemplateTokens tokens,
                                                   std::string origin, std::optional<std::string> tool_use_source) {
@@ -282,6 +320,17 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
                                                  bool add_generation_prompt,
                                                  const jinja::RenderOptions& options) const {
   return Render(MessagesToJson(messages), nullptr, add_generation_prompt, options);
+}
+
+absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
+                                                 absl::string_view tools_json, bool add_generation_prompt,
+                                                 const jinja::RenderOptions& options) const {
+  if (tools_json.empty()) return Render(MessagesToJson(messages), nullptr, add_generation_prompt, options);
+  ordered_json tools = ordered_json::parse(tools_json, nullptr, /*allow_exceptions=*/false);
+  if (tools.is_discarded() || !tools.is_array()) {
+    return absl::InvalidArgumentError("tools: must be a JSON array of tool definitions");
+  }
+  return Render(MessagesToJson(messages), &tools, add_generation_prompt, options);
 }
 
 std::string BuiltinChatTemplateSource(absl::string_view name) {

@@ -59,11 +59,29 @@
 
 namespace echokv::model {
 
-// A plain {role, content} message (the gRPC API's ChatMessage).
+// One tool call of an assistant message (OpenAI shape).
+struct ToolCall {
+  std::string id;
+  std::string type = "function";
+  std::string name;            // function.name
+  std::string arguments_json;  // function.arguments: JSON text
+};
+
+// One message (the gRPC API's ChatMessage): role and content, plus the tool fields of
+// OpenAI's message shape.
 struct ChatMessage {
   std::string role;
   std::string content;
+  std::string name;                // optional author name ("" = absent)
+  std::vector<ToolCall> tool_calls;  // assistant messages that call tools
+  std::string tool_call_id;        // tool messages: the call they answer ("" = absent)
+  bool operator==(const ChatMessage& o) const;
 };
+
+// The JSON messages templates read: content is null for a tool-calling assistant
+// message without text; tool call arguments are parsed into an object when they are a
+// JSON object (HF templates print them with tojson), else kept as the string.
+nlohmann::ordered_json MessagesToJson(const std::vector<ChatMessage>& messages);
 
 // The special-token strings a template sees.
 struct ChatTemplateTokens {
@@ -96,6 +114,9 @@ class ChatTemplate {
                                      bool add_generation_prompt, const jinja::RenderOptions& options = {}) const;
   absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                      const jinja::RenderOptions& options = {}) const;
+  // With tool definitions given as JSON text (a JSON array; "" = none).
+  absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages, absl::string_view tools_json,
+                                     bool add_generation_prompt, const jinja::RenderOptions& options = {}) const;
 
   const std::string& bos_token() const { return tokens_.bos_token; }
   const std::string& eos_token() const { return tokens_.eos_token; }

@@ -95,6 +95,7 @@ struct ActiveJob {
   std::unique_ptr<Stream> stream;                         // commit: the finished stream
   GenerateSummary summary;                                // commit
   std::vector<model::ChatMessage> new_messages;           // chat input / the committed reply
+  std::optional<std::string> tools_json;                  // chat input: the tools now in use
   absl::Time admitted;
   // Durable sessions: the turn is written before it is acknowledged.
   bool persist_started = false;
@@ -121,6 +122,13 @@ class StateObserverAdapter : public state::StateObserver {
 
 class Engine::Impl {
  public:
+  // What chat input adds to a session: the whole conversation's tokens (the session's
+  // tokens must be their prefix; the rest is new) and, as a fallback when they are
+  // not, the tokens of the text the render adds after the previous one.
+  struct ChatEncoding {
+    std::vector<int> full;
+    std::vector<int> suffix;
+  };
   EngineConfig config;
   ServerFacts facts;
   EngineObserver* observer = nullptr;  // not owned; may be null
@@ -206,9 +214,24 @@ class Engine::Impl {
   void AdmitCreate(std::shared_ptr<CreateRequest> req, CancelFlag cancel, ProgressFn progress,
                    DoneFn<SessionInfo> done, std::vector<int> tokens, absl::Time admitted);
   void AdmitAppend(std::shared_ptr<AppendRequest> req, CancelFlag cancel, ProgressFn progress,
-                   DoneFn<SessionInfo> done, std::vector<int> tokens, absl::Time admitted);
+                   DoneFn<SessionInfo> done, std::vector<int> tokens, std::optional<ChatEncoding> chat_enc,
+                   absl::Time admitted);
   void AdmitGenerate(std::unique_ptr<Stream> s);
 
+  absl::StatusOr<ChatEncoding> EncodeConversation(const std::vector<model::ChatMessage>& previous,
+                                                  const std::vector<model::ChatMessage>& added,
+                                                  const std::string& tools_json, bool add_generation_prompt) const;
+  // What a committed assistant reply adds to a chat session: the tokens the template
+  // gives the conversation up to the end of the reply's turn (the common token prefix of
+  // the conversation rendered as ending with the reply and as continuing with another
+  // user turn, so a trailing end-of-conversation text (Phi-3.5's eos) is left out).
+  absl::StatusOr<ChatEncoding> EncodeReply(const std::vector<model::ChatMessage>& previous,
+                                           const model::ChatMessage& reply, const std::string& tools_json) const;
+  // The new tokens of `enc` for a session holding `held`.
+  std::vector<int> NewChatTokens(const ChatEncoding& enc, const std::vector<int>& held) const;
+  void StartCommit(std::unique_ptr<Stream> s, GenerateSummary summary, std::vector<int> tokens,
+                   std::vector<model::ChatMessage> reply);
+  absl::Status CheckRequestBytes(const InputSpec& input) const;
   absl::StatusOr<std::vector<int>> Tokenize(const InputSpec& input, bool default_special, int64_t max_tokens,
                                             int64_t held) const;
   absl::Status CheckTtl(const std::optional<absl::Duration>& ttl) const;
@@ -251,6 +274,7 @@ SessionInfo Engine::Impl::Info(const SessionMeta& m) const {
   info.ttl = m.ttl;
   info.busy = m.busy;
   info.messages = m.messages;
+  info.tools_json = m.tools_json;
   return info;
 }
 
@@ -299,14 +323,23 @@ std::function<void(const std::string&, int64_t, int64_t)> Engine::Impl::Progress
   };
 }
 
-absl::StatusOr<std::vector<int>> Engine::Impl::Tokenize(const InputSpec& input, bool default_special,
-                                                       int64_t max_tokens, int64_t held) const {
-  int64_t bytes = static_cast<int64_t>(input.text.size()) + static_cast<int64_t>(input.tokens.size()) * 4;
-  for (const auto& m : input.chat) bytes += static_cast<int64_t>(m.content.size() + m.role.size());
+absl::Status Engine::Impl::CheckRequestBytes(const InputSpec& input) const {
+  int64_t bytes = static_cast<int64_t>(input.text.size() + input.tools_json.size()) +
+                  static_cast<int64_t>(input.tokens.size()) * 4;
+  for (const auto& m : input.chat) {
+    bytes += static_cast<int64_t>(m.content.size() + m.role.size() + m.name.size() + m.tool_call_id.size());
+    for (const auto& c : m.tool_calls) bytes += static_cast<int64_t>(c.id.size() + c.name.size() + c.arguments_json.size());
+  }
   if (bytes > config.limits.max_request_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("input: ", bytes, " bytes exceed max_request_bytes (",
                                                    config.limits.max_request_bytes, ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int>> Engine::Impl::Tokenize(const InputSpec& input, bool default_special,
+                                                       int64_t max_tokens, int64_t held) const {
+  ECHOKV_RETURN_IF_ERROR(CheckRequestBytes(input));
   const int64_t max_ctx = facts.limits.max_context_tokens;
   auto too_long = [&](int64_t n, bool at_least) {
     return absl::InvalidArgumentError(absl::StrCat("input: ", at_least ? "at least " : "", n, " tokens",
@@ -350,15 +383,88 @@ absl::StatusOr<std::vector<int>> Engine::Impl::Tokenize(const InputSpec& input, 
         return absl::UnimplementedError(absl::StrCat("input.chat: this model has no usable chat template (",
                                                      chat_error, "); send text or tokens instead"));
       }
-      absl::StatusOr<std::vector<int>> r = model::EncodeChat(*chat, input.chat, input.add_generation_prompt, *tokenizer);
-      if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("input.chat: ", r.status().message()));
-      ids = std::move(*r);
+      absl::StatusOr<ChatEncoding> r = EncodeConversation({}, input.chat, input.tools_json, input.add_generation_prompt);
+      if (!r.ok()) return r.status();
+      ids = std::move(r->full);
       break;
     }
   }
   if (ids.empty()) return absl::InvalidArgumentError("input: no tokens after tokenization");
   if (static_cast<int64_t>(ids.size()) > max_tokens) return too_long(static_cast<int64_t>(ids.size()), false);
   return ids;
+}
+
+absl::StatusOr<Engine::Impl::ChatEncoding> Engine::Impl::EncodeConversation(
+    const std::vector<model::ChatMessage>& previous, const std::vector<model::ChatMessage>& added,
+    const std::string& tools_json, bool add_generation_prompt) const {
+  auto fail = [](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("input.chat: ", s.message()));
+  };
+  std::vector<model::ChatMessage> all = previous;
+  all.insert(all.end(), added.begin(), added.end());
+  absl::StatusOr<std::string> full_text = chat->Render(all, tools_json, add_generation_prompt);
+  if (!full_text.ok()) return fail(full_text.status());
+  ChatEncoding enc;
+  absl::StatusOr<std::vector<int>> full = model::EncodeRenderedChat(*full_text, *tokenizer);
+  if (!full.ok()) return fail(full.status());
+  enc.full = std::move(*full);
+  if (previous.empty()) {
+    // A session without a conversation yet (text or token input before): the new
+    // messages' render, without the template's leading BOS in the middle of a session.
+    std::string text = *full_text;
+    const std::string& bos = chat->bos_token();
+    if (!bos.empty() && text.compare(0, bos.size(), bos) == 0) text.erase(0, bos.size());
+    absl::StatusOr<std::vector<int>> suffix = model::EncodeRenderedChat(text, *tokenizer);
+    if (!suffix.ok()) return fail(suffix.status());
+    enc.suffix = std::move(*suffix);
+    return enc;
+  }
+  absl::StatusOr<std::string> prev_text = chat->Render(previous, tools_json, false);
+  if (!prev_text.ok()) return fail(prev_text.status());
+  size_t common = 0;
+  while (common < prev_text->size() && common < full_text->size() && (*prev_text)[common] == (*full_text)[common]) {
+    ++common;
+  }
+  absl::StatusOr<std::vector<int>> suffix = model::EncodeRenderedChat(full_text->substr(common), *tokenizer);
+  if (!suffix.ok()) return fail(suffix.status());
+  enc.suffix = std::move(*suffix);
+  return enc;
+}
+
+absl::StatusOr<Engine::Impl::ChatEncoding> Engine::Impl::EncodeReply(const std::vector<model::ChatMessage>& previous,
+                                                                   const model::ChatMessage& reply,
+                                                                   const std::string& tools_json) const {
+  std::vector<model::ChatMessage> all = previous;
+  all.push_back(reply);
+  ECHOKV_ASSIGN_OR_RETURN(std::string ended, chat->Render(all, tools_json, false));
+  ECHOKV_ASSIGN_OR_RETURN(std::vector<int> ended_ids, model::EncodeRenderedChat(ended, *tokenizer));
+  ChatEncoding enc;
+  enc.full = std::move(ended_ids);
+  all.push_back(model::ChatMessage{"user", "next"});
+  absl::StatusOr<std::string> continued = chat->Render(all, tools_json, true);
+  if (continued.ok()) {
+    absl::StatusOr<std::vector<int>> next_ids = model::EncodeRenderedChat(*continued, *tokenizer);
+    if (next_ids.ok()) {
+      size_t common = 0;
+      while (common < enc.full.size() && common < next_ids->size() && enc.full[common] == (*next_ids)[common]) {
+        ++common;
+      }
+      enc.full.resize(common);
+    }
+  }
+  return enc;
+}
+
+std::vector<int> Engine::Impl::NewChatTokens(const ChatEncoding& enc, const std::vector<int>& held) const {
+  if (!held.empty() && enc.full.size() > held.size() && std::equal(held.begin(), held.end(), enc.full.begin())) {
+    return std::vector<int>(enc.full.begin() + held.size(), enc.full.end());
+  }
+  // The session is not a prefix of the re-rendered conversation (a template that
+  // renders earlier turns differently once later ones exist, an assistant turn left
+  // open, text input before): append what the render adds after the previous render.
+  ECHOKV_LOG(WARNING) << "chat append: the session is not a prefix of the whole conversation's tokens; appending "
+                         "the rendered suffix (" << enc.suffix.size() << " tokens)";
+  return enc.suffix;
 }
 
 // ------------------------------------------------------------------------------
@@ -623,14 +729,72 @@ void Engine::Impl::FinishStream(std::unique_ptr<Stream> s) {
     return;
   }
   absl::StatusOr<SessionMeta> meta = store->Get(id, tenant, false);
+  if (!meta.ok()) return FailStream(*s, meta.status());
+  if (meta->messages.empty() || !chat.has_value()) {
+    return StartCommit(std::move(s), std::move(summary), std::move(tokens), {});
+  }
+  // A chat session: the reply enters the session as the template renders it (the whole
+  // conversation re-rendered and tokenized, off the engine thread), so the session stays
+  // exactly the tokens of render(conversation); the sampled ids are the fallback.
+  std::vector<model::ChatMessage> reply = {model::ChatMessage{"assistant", s->text()}};
+  struct Pending {
+    std::unique_ptr<Stream> stream;
+    GenerateSummary summary;
+    std::vector<int> sampled;
+    std::vector<model::ChatMessage> reply;
+    std::vector<model::ChatMessage> previous;
+    std::string tools;
+    absl::StatusOr<ChatEncoding> enc = absl::UnknownError("not encoded");
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->stream = std::move(s);
+  pending->summary = std::move(summary);
+  pending->sampled = std::move(tokens);
+  pending->reply = std::move(reply);
+  pending->previous = meta->messages;
+  pending->tools = meta->tools_json;
+  edge->Submit([this, pending](bool shutting_down) {
+    if (!shutting_down) pending->enc = EncodeReply(pending->previous, pending->reply[0], pending->tools);
+    auto resume = [this, pending] {
+      std::vector<int> commit = pending->sampled;
+      if (pending->enc.ok()) {
+        pending->enc->suffix = pending->sampled;  // the fallback: what was sampled
+        absl::StatusOr<std::shared_ptr<SessionData>> data =
+            SessionDataFor(pending->stream->params().session_id, pending->stream->params().caller.tenant);
+        if (data.ok()) commit = NewChatTokens(*pending->enc, (*data)->tokens);
+      } else {
+        ECHOKV_LOG(WARNING) << "committing a chat reply: " << pending->enc.status().message()
+                            << "; the sampled ids enter the session";
+      }
+      StartCommit(std::move(pending->stream), std::move(pending->summary), std::move(commit), pending->reply);
+    };
+    if (!Post(resume)) {
+      // Shutting down: the engine drains; the stream is answered by the drain below.
+      pending->stream->Finish(absl::CancelledError("the server is shutting down"));
+    }
+  });
+}
+
+void Engine::Impl::StartCommit(std::unique_ptr<Stream> s, GenerateSummary summary, std::vector<int> tokens,
+                               std::vector<model::ChatMessage> reply) {
+  const std::string id = s->params().session_id;
+  const std::string tenant = s->params().caller.tenant;
+  absl::StatusOr<SessionMeta> meta = store->Get(id, tenant, false);
   absl::StatusOr<std::shared_ptr<SessionData>> data = SessionDataFor(id, tenant);
   if (!meta.ok() || !data.ok()) {
     FailStream(*s, meta.ok() ? data.status() : meta.status());
     return;
   }
+  const int64_t max_ctx = facts.limits.max_context_tokens;
+  if (meta->tokens_seen + static_cast<int64_t>(tokens.size()) > max_ctx) {
+    FailStream(*s, absl::InvalidArgumentError(absl::StrCat("commit: the session holds ", meta->tokens_seen,
+                                                            " tokens; the reply adds ", tokens.size(),
+                                                            ", beyond max_context_tokens (", max_ctx, ")")));
+    return;
+  }
   auto j = std::make_unique<ActiveJob>();
   j->id = next_work_id++;
-  j->cancel = std::make_shared<std::atomic<bool>>(false);  // the stream's own flag is checked below
+  j->cancel = std::make_shared<std::atomic<bool>>(false);  // the generation is over; the commit completes
   j->caller = s->params().caller;
   j->session_id = id;
   j->admitted = clock->Now();
@@ -648,8 +812,7 @@ void Engine::Impl::FinishStream(std::unique_ptr<Stream> s) {
   }
   j->turn = std::move(*turn);
   j->summary = std::move(summary);
-  // A chat session remembers the reply as the assistant's message.
-  if (!meta->messages.empty()) j->new_messages.push_back(model::ChatMessage{"assistant", s->text()});
+  j->new_messages = std::move(reply);  // a chat session remembers the reply
   j->stream = std::move(s);
   jobs.push_back(std::move(j));
 }
@@ -804,6 +967,7 @@ SessionMeta Engine::Impl::BuildMeta(const ActiveJob& j, const SessionData& data)
     meta.created = now;
     meta.ttl = j.ttl.value_or(config.limits.session_ttl);
     meta.messages = j.new_messages;
+    meta.tools_json = j.tools_json.value_or("");
   } else {
     meta.id = j.session_id;
     absl::StatusOr<SessionMeta> old = store->Get(j.session_id, j.caller.tenant, false);  // claimed: present
@@ -811,7 +975,9 @@ SessionMeta Engine::Impl::BuildMeta(const ActiveJob& j, const SessionData& data)
       meta.created = old->created;
       meta.ttl = old->ttl;
       meta.messages = old->messages;
+      meta.tools_json = old->tools_json;
     }
+    if (j.tools_json.has_value()) meta.tools_json = *j.tools_json;
     meta.messages.insert(meta.messages.end(), j.new_messages.begin(), j.new_messages.end());
   }
   return meta;
@@ -976,20 +1142,39 @@ void Engine::Impl::AdmitCreate(std::shared_ptr<CreateRequest> req, CancelFlag ca
   j->caller = req->caller;
   j->reservation = *r;
   j->ttl = req->ttl;
-  if (req->input.kind == InputSpec::Kind::kChat) j->new_messages = req->input.chat;
+  if (req->input.kind == InputSpec::Kind::kChat) {
+    j->new_messages = req->input.chat;
+    j->tools_json = req->input.tools_json;
+  }
   j->session_done = std::move(done);
   j->admitted = admitted;
   jobs.push_back(std::move(j));
 }
 
 void Engine::Impl::AdmitAppend(std::shared_ptr<AppendRequest> req, CancelFlag cancel, ProgressFn progress,
-                               DoneFn<SessionInfo> done, std::vector<int> tokens, absl::Time admitted) {
+                               DoneFn<SessionInfo> done, std::vector<int> tokens,
+                               std::optional<ChatEncoding> chat_enc, absl::Time admitted) {
   // The session was claimed on the edge; it cannot have changed since.
   absl::StatusOr<SessionMeta> meta = store->Get(req->session_id, req->caller.tenant, false);
   absl::StatusOr<std::shared_ptr<SessionData>> data = SessionDataFor(req->session_id, req->caller.tenant);
   if (!meta.ok() || !data.ok()) {
     store->Release(req->session_id);
     return done(meta.ok() ? data.status() : meta.status());
+  }
+  if (chat_enc.has_value()) {
+    tokens = NewChatTokens(*chat_enc, (*data)->tokens);
+    const int64_t max_ctx = facts.limits.max_context_tokens;
+    absl::Status bad;
+    if (tokens.empty()) {
+      bad = absl::InvalidArgumentError("input.chat: the messages add no tokens to the conversation");
+    } else if (meta->tokens_seen + static_cast<int64_t>(tokens.size()) > max_ctx) {
+      bad = absl::InvalidArgumentError(absl::StrCat("input: ", tokens.size(), " tokens + ", meta->tokens_seen,
+                                                    " in the session exceed max_context_tokens (", max_ctx, ")"));
+    }
+    if (!bad.ok()) {
+      store->Release(req->session_id);
+      return done(bad);
+    }
   }
   TurnSpec spec;
   spec.kind = TurnKind::kAppend;
@@ -1012,7 +1197,10 @@ void Engine::Impl::AdmitAppend(std::shared_ptr<AppendRequest> req, CancelFlag ca
   j->session_id = req->session_id;
   j->session_done = std::move(done);
   j->admitted = admitted;
-  if (req->input.kind == InputSpec::Kind::kChat) j->new_messages = req->input.chat;
+  if (req->input.kind == InputSpec::Kind::kChat) {
+    j->new_messages = req->input.chat;
+    if (!req->input.tools_json.empty()) j->tools_json = req->input.tools_json;
+  }
   jobs.push_back(std::move(j));
 }
 
@@ -1038,8 +1226,15 @@ void Engine::Impl::AdmitGenerate(std::unique_ptr<Stream> s) {
     if (p.commit) store->Release(p.session_id);
     return s->Finish(data.status());
   }
+  // A chat session's turn also ends at the template's end-of-turn token.
+  std::vector<int> stops = eos_ids;
+  if (!meta->messages.empty() && chat.has_value()) {
+    for (int id : model::EndOfTurnIds(*chat, *tokenizer)) {
+      if (std::find(stops.begin(), stops.end(), id) == stops.end()) stops.push_back(id);
+    }
+  }
   try {
-    s->Begin((*data)->hot.Clone(), (*data)->last_logits, (*data)->tokens, eos_ids, tokenizer.get());
+    s->Begin((*data)->hot.Clone(), (*data)->last_logits, (*data)->tokens, std::move(stops), tokenizer.get());
   } catch (const std::exception& e) {
     if (p.commit) store->Release(p.session_id);
     return s->Finish(absl::InternalError(absl::StrCat("copying the session cache: ", e.what())));
@@ -1210,15 +1405,35 @@ void Engine::AppendToSession(AppendRequest request, CancelFlag cancel, ProgressF
     if (!meta.ok()) return done(meta.status());
     if (progress) progress(ProgressEvent{"tokenize", 0, 1, absl::ToDoubleSeconds(impl->clock->Now() - admitted)});
     const int64_t room = impl->facts.limits.max_context_tokens - meta->tokens_seen;
-    absl::StatusOr<std::vector<int>> tokens =
-        impl->Tokenize(req->input, /*default_special=*/false, room, meta->tokens_seen);
-    if (!tokens.ok()) {
-      impl->store->Release(req->session_id);
-      return done(tokens.status());
+    std::vector<int> ids;
+    std::optional<Engine::Impl::ChatEncoding> enc;
+    if (req->input.kind == InputSpec::Kind::kChat && impl->chat.has_value() && !req->input.chat.empty()) {
+      // The whole conversation is rendered; the engine keeps what the session lacks.
+      absl::Status s = impl->CheckRequestBytes(req->input);
+      absl::StatusOr<Engine::Impl::ChatEncoding> e = absl::UnknownError("");
+      if (s.ok()) {
+        const std::string& tools = req->input.tools_json.empty() ? meta->tools_json : req->input.tools_json;
+        e = impl->EncodeConversation(meta->messages, req->input.chat, tools, req->input.add_generation_prompt);
+        s = e.status();
+      }
+      if (!s.ok()) {
+        impl->store->Release(req->session_id);
+        return done(s);
+      }
+      enc = std::move(*e);
+    } else {
+      absl::StatusOr<std::vector<int>> tokens =
+          impl->Tokenize(req->input, /*default_special=*/false, room, meta->tokens_seen);
+      if (!tokens.ok()) {
+        impl->store->Release(req->session_id);
+        return done(tokens.status());
+      }
+      ids = std::move(*tokens);
     }
-    auto ids = std::make_shared<std::vector<int>>(std::move(*tokens));
-    if (!impl->Post([impl, req, cancel, progress, done, ids, admitted] {
-          impl->AdmitAppend(req, cancel, progress, done, std::move(*ids), admitted);
+    auto ids_ptr = std::make_shared<std::vector<int>>(std::move(ids));
+    auto enc_ptr = std::make_shared<std::optional<Engine::Impl::ChatEncoding>>(std::move(enc));
+    if (!impl->Post([impl, req, cancel, progress, done, ids_ptr, enc_ptr, admitted] {
+          impl->AdmitAppend(req, cancel, progress, done, std::move(*ids_ptr), std::move(*enc_ptr), admitted);
         }, cancel)) {
       impl->store->Release(req->session_id);
       done(absl::UnavailableError("server is shutting down"));
@@ -1438,6 +1653,21 @@ void Engine::InspectCache(Caller caller, std::string session_id, bool include_po
         out.position_bytes = hot.PositionBytes();
         out.cold_kv_bytes = meta->cold_bytes;
         (*d)(std::move(out));
+      })) {
+    (*d)(absl::UnavailableError("server is shutting down"));
+  }
+}
+
+void Engine::SessionTokens(Caller caller, std::string session_id, DoneFn<std::vector<int>> done) {
+  Impl* impl = impl_.get();
+  if (!IsValidSessionId(session_id)) {
+    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+  }
+  auto d = std::make_shared<DoneFn<std::vector<int>>>(std::move(done));
+  if (!impl->Post([impl, caller, session_id, d] {
+        absl::StatusOr<std::shared_ptr<SessionData>> data = impl->SessionDataFor(session_id, caller.tenant);
+        if (!data.ok()) return (*d)(data.status());
+        (*d)((*data)->tokens);
       })) {
     (*d)(absl::UnavailableError("server is shutting down"));
   }

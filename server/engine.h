@@ -96,6 +96,7 @@ struct InputSpec {
   std::string text;                          // kText
   std::vector<int> tokens;                   // kTokens
   std::vector<model::ChatMessage> chat;      // kChat
+  std::string tools_json;                    // kChat: tool definitions (JSON array; "" = none)
   bool add_generation_prompt = true;         // kChat
   std::optional<bool> add_special_tokens;    // kText; unset = per-RPC default
 };
@@ -140,6 +141,7 @@ struct SessionInfo {
   absl::Duration ttl;
   bool busy = false;
   std::vector<model::ChatMessage> messages;  // chat sessions: the conversation so far
+  std::string tools_json;                    // chat sessions: the tool definitions in use
 };
 
 struct ProgressEvent {
@@ -282,6 +284,9 @@ class Engine {
   void DeleteSession(Caller caller, std::string session_id, DoneFn<int64_t> done);  // freed bytes
   void InspectCache(Caller caller, std::string session_id, bool include_positions,
                     DoneFn<CacheInspection> done);
+
+  // Every token the session holds, in order (its committed state).
+  void SessionTokens(Caller caller, std::string session_id, DoneFn<std::vector<int>> done);
 
   // Live totals (thread-safe, no engine round trip).
   StoreTotals Totals() const;

@@ -48,39 +48,40 @@ absl::StatusOr<at::ScalarType> TorchDType(state::DType t) {
   }
 }
 
-// Appends a blob viewing `t` (made contiguous on the CPU and kept alive by `rec`).
-absl::Status AddBlob(TurnRecord* rec, std::string name, at::Tensor t) {
+// Appends a blob viewing `t` (made contiguous on the CPU and kept alive by
+// `rec`).
+absl::Status AddBlob(TurnRecord *rec, std::string name, at::Tensor t) {
   t = t.to(at::kCPU).contiguous();
   ECHOKV_ASSIGN_OR_RETURN(state::DType dtype, StateDType(t.scalar_type()));
   state::BlobView b;
   b.name = std::move(name);
   b.dtype = dtype;
   b.shape = t.sizes().vec();
-  b.data = absl::string_view(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  b.data = absl::string_view(static_cast<const char *>(t.data_ptr()), t.numel() * t.element_size());
   rec->keep_alive.push_back(std::move(t));
   rec->segment.blobs.push_back(std::move(b));
   return absl::OkStatus();
 }
 
 // Reads a whole blob into a CPU tensor of its dtype and shape.
-absl::StatusOr<at::Tensor> ReadTensor(const state::SessionReader& reader, const state::SessionReader::BlobRef& ref) {
+absl::StatusOr<at::Tensor> ReadTensor(const state::SessionReader &reader, const state::SessionReader::BlobRef &ref) {
   ECHOKV_ASSIGN_OR_RETURN(at::ScalarType dtype, TorchDType(ref.blob->dtype));
   at::Tensor t = at::empty(ref.blob->shape, at::TensorOptions().dtype(dtype));
   if (static_cast<uint64_t>(t.numel() * t.element_size()) != ref.blob->bytes) {
-    return absl::DataLossError(absl::StrCat("blob ", ref.blob->name, ": ", ref.blob->bytes,
-                                            " bytes do not match its shape"));
+    return absl::DataLossError(
+        absl::StrCat("blob ", ref.blob->name, ": ", ref.blob->bytes, " bytes do not match its shape"));
   }
   ECHOKV_RETURN_IF_ERROR(reader.Read(ref.segment, ref.blob->name, 0,
-                                     absl::Span<char>(static_cast<char*>(t.data_ptr()), ref.blob->bytes)));
+                                     absl::Span<char>(static_cast<char *>(t.data_ptr()), ref.blob->bytes)));
   return t;
 }
 
-absl::StatusOr<at::Tensor> ReadLatest(const state::SessionReader& reader, const std::string& name) {
+absl::StatusOr<at::Tensor> ReadLatest(const state::SessionReader &reader, const std::string &name) {
   ECHOKV_ASSIGN_OR_RETURN(state::SessionReader::BlobRef ref, reader.FindLatest(name));
   return ReadTensor(reader, ref);
 }
 
-std::vector<std::vector<int64_t>> PerGroup(const at::Tensor& positions) {  // [G, n] int64
+std::vector<std::vector<int64_t>> PerGroup(const at::Tensor &positions) {  // [G, n] int64
   at::Tensor p = positions.to(at::kCPU, at::kLong).contiguous();
   std::vector<std::vector<int64_t>> out(static_cast<size_t>(p.size(0)));
   for (int64_t g = 0; g < p.size(0); ++g) {
@@ -89,25 +90,25 @@ std::vector<std::vector<int64_t>> PerGroup(const at::Tensor& positions) {  // [G
   return out;
 }
 
-int64_t ModelElementSize(const model::Transformer& model) {
-  const std::string& d = model.device_options().dtype;
+int64_t ModelElementSize(const model::Transformer &model) {
+  const std::string &d = model.device_options().dtype;
   return d == "float32" ? 4 : 2;
 }
 
 template <typename Fn>
-absl::Status Guard(const char* what, Fn fn) {
+absl::Status Guard(const char *what, Fn fn) {
   try {
     return fn();
-  } catch (const c10::Error& e) {
+  } catch (const c10::Error &e) {
     return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
-  } catch (const std::exception& e) {
+  } catch (const std::exception &e) {
     return absl::InternalError(absl::StrCat(what, ": ", e.what()));
   }
 }
 
 }  // namespace
 
-absl::StatusOr<state::ModelFingerprint> FingerprintModelDir(const std::string& dir) {
+absl::StatusOr<state::ModelFingerprint> FingerprintModelDir(const std::string &dir) {
   std::ifstream in(dir + "/config.json", std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("fingerprint: cannot read ", dir, "/config.json"));
   std::stringstream config;
@@ -115,15 +116,15 @@ absl::StatusOr<state::ModelFingerprint> FingerprintModelDir(const std::string& d
   ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<model::Checkpoint> ckpt, model::Checkpoint::Open(dir));
   state::FingerprintBuilder b;
   ECHOKV_RETURN_IF_ERROR(b.AddConfig(config.str()));
-  for (const std::string& name : ckpt->Names()) {  // sorted
-    const model::TensorView* t = ckpt->Find(name);
+  for (const std::string &name : ckpt->Names()) {  // sorted
+    const model::TensorView *t = ckpt->Find(name);
     ECHOKV_RETURN_IF_ERROR(b.AddTensor(name, model::DTypeName(t->dtype), t->shape,
-                                       absl::string_view(reinterpret_cast<const char*>(t->data), t->nbytes)));
+                                       absl::string_view(reinterpret_cast<const char *>(t->data), t->nbytes)));
   }
   return b.Finish();
 }
 
-state::SessionMeta ToStateMeta(const SessionMeta& meta, const SessionData& data) {
+state::SessionMeta ToStateMeta(const SessionMeta &meta, const SessionData &data) {
   state::SessionMeta s;
   s.id = meta.id;
   s.tenant = meta.tenant;
@@ -131,8 +132,21 @@ state::SessionMeta ToStateMeta(const SessionMeta& meta, const SessionData& data)
   nlohmann::json extra = nlohmann::json::object();
   extra["report"] = nlohmann::json::parse(compression::ReportToJson(meta.last_report));
   nlohmann::json messages = nlohmann::json::array();
-  for (const model::ChatMessage& m : meta.messages) messages.push_back({{"role", m.role}, {"content", m.content}});
+  for (const model::ChatMessage &m : meta.messages) {
+    nlohmann::json j = {{"role", m.role}, {"content", m.content}};
+    if (!m.name.empty()) j["name"] = m.name;
+    if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
+    if (!m.tool_calls.empty()) {
+      nlohmann::json calls = nlohmann::json::array();
+      for (const model::ToolCall &c : m.tool_calls) {
+        calls.push_back({{"id", c.id}, {"type", c.type}, {"name", c.name}, {"arguments", c.arguments_json}});
+      }
+      j["tool_calls"] = std::move(calls);
+    }
+    messages.push_back(std::move(j));
+  }
   extra["messages"] = std::move(messages);
+  if (!meta.tools_json.empty()) extra["tools"] = meta.tools_json;
   s.compression_config = std::move(extra);
   s.created = meta.created;
   s.last_used = meta.last_used;
@@ -142,7 +156,7 @@ state::SessionMeta ToStateMeta(const SessionMeta& meta, const SessionData& data)
   return s;
 }
 
-absl::StatusOr<TurnRecord> EncodeTurn(const SessionMeta& meta, const SessionData& data, int64_t tokens_before,
+absl::StatusOr<TurnRecord> EncodeTurn(const SessionMeta &meta, const SessionData &data, int64_t tokens_before,
                                       bool full) {
   TurnRecord rec;
   ECHOKV_RETURN_IF_ERROR(Guard("encoding the turn", [&]() -> absl::Status {
@@ -158,8 +172,10 @@ absl::StatusOr<TurnRecord> EncodeTurn(const SessionMeta& meta, const SessionData
       rec.segment.token_begin = begin;
       rec.segment.supersedes_earlier = full;
       for (int l = 0; l < layers; ++l) {
-        ECHOKV_RETURN_IF_ERROR(AddBlob(&rec, absl::StrCat("cold.k.", l), data.cold->keys(l).narrow(1, begin, total - begin)));
-        ECHOKV_RETURN_IF_ERROR(AddBlob(&rec, absl::StrCat("cold.v.", l), data.cold->values(l).narrow(1, begin, total - begin)));
+        ECHOKV_RETURN_IF_ERROR(
+            AddBlob(&rec, absl::StrCat("cold.k.", l), data.cold->keys(l).narrow(1, begin, total - begin)));
+        ECHOKV_RETURN_IF_ERROR(
+            AddBlob(&rec, absl::StrCat("cold.v.", l), data.cold->values(l).narrow(1, begin, total - begin)));
       }
       for (int l = 0; l < layers; ++l) {
         ECHOKV_RETURN_IF_ERROR(AddBlob(&rec, absl::StrCat("hot.pos.", l), data.hot.positions(l)));
@@ -186,39 +202,55 @@ absl::StatusOr<TurnRecord> EncodeTurn(const SessionMeta& meta, const SessionData
   return rec;
 }
 
-absl::StatusOr<SessionMeta> MetaFromManifest(const state::SessionManifest& manifest, const model::Transformer& model) {
-  const state::SessionMeta& s = manifest.meta;
+absl::StatusOr<SessionMeta> MetaFromManifest(const state::SessionManifest &manifest, const model::Transformer &model) {
+  const state::SessionMeta &s = manifest.meta;
   SessionMeta m;
   m.id = s.id;
   m.tenant = s.tenant;
   m.memory = s.memory == state::MemoryMode::kTiered ? MemoryMode::kTiered : MemoryMode::kEvict;
-  const nlohmann::json& extra = s.compression_config;
+  const nlohmann::json &extra = s.compression_config;
   if (!extra.is_object() || !extra.contains("report")) {
     return absl::DataLossError(absl::StrCat("session ", s.id, ": saved metadata has no compression report"));
   }
   ECHOKV_ASSIGN_OR_RETURN(m.last_report, compression::ReportFromJson(extra["report"].dump()));
   m.config = m.last_report.config;
-  if (extra.contains("messages") && extra["messages"].is_array()) {
-    for (const auto& msg : extra["messages"]) {
-      if (!msg.is_object() || !msg.contains("role") || !msg.contains("content") || !msg["role"].is_string() ||
-          !msg["content"].is_string()) {
-        return absl::DataLossError(absl::StrCat("session ", s.id, ": a saved chat message is malformed"));
+  try {
+    if (extra.contains("messages") && extra["messages"].is_array()) {
+      for (const auto &msg : extra["messages"]) {
+        if (!msg.is_object() || !msg.contains("role") || !msg.contains("content") || !msg["role"].is_string() ||
+            !msg["content"].is_string()) {
+          return absl::DataLossError(absl::StrCat("session ", s.id, ": a saved chat message is malformed"));
+        }
+        model::ChatMessage cm{msg["role"].get<std::string>(), msg["content"].get<std::string>()};
+        cm.name = msg.value("name", "");
+        cm.tool_call_id = msg.value("tool_call_id", "");
+        if (msg.contains("tool_calls") && msg["tool_calls"].is_array()) {
+          for (const auto &c : msg["tool_calls"]) {
+            if (!c.is_object())
+              return absl::DataLossError(absl::StrCat("session ", s.id, ": a saved tool call is malformed"));
+            cm.tool_calls.push_back(
+                {c.value("id", ""), c.value("type", "function"), c.value("name", ""), c.value("arguments", "")});
+          }
+        }
+        m.messages.push_back(std::move(cm));
       }
-      m.messages.push_back({msg["role"].get<std::string>(), msg["content"].get<std::string>()});
     }
+    if (extra.contains("tools") && extra["tools"].is_string()) m.tools_json = extra["tools"].get<std::string>();
+  } catch (const nlohmann::json::exception &e) {
+    return absl::DataLossError(absl::StrCat("session ", s.id, ": saved chat messages are malformed: ", e.what()));
   }
   m.created = s.created;
   m.last_used = s.last_used;
   m.ttl = s.ttl;
   m.tokens_seen = static_cast<int64_t>(s.tokens.size());
-  const model::ModelConfig& c = model.config();
+  const model::ModelConfig &c = model.config();
   const int64_t entry_bytes = 2 * c.head_dim * ModelElementSize(model);  // K + V of one entry
   // Hot entries from the newest hot.pos.<l> shapes ([G, n_l]).
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string name = absl::StrCat("hot.pos.", l);
-    const state::BlobInfo* found = nullptr;
-    for (const state::SegmentInfo& seg : manifest.segments) {
-      if (const state::BlobInfo* b = seg.FindBlob(name)) found = b;
+    const state::BlobInfo *found = nullptr;
+    for (const state::SegmentInfo &seg : manifest.segments) {
+      if (const state::BlobInfo *b = seg.FindBlob(name)) found = b;
     }
     if (found == nullptr || found->shape.size() != 2 || found->shape[0] != c.num_kv_heads) {
       return absl::DataLossError(absl::StrCat("session ", s.id, ": ", name, " is missing or misshapen"));
@@ -232,12 +264,12 @@ absl::StatusOr<SessionMeta> MetaFromManifest(const state::SessionManifest& manif
   return m;
 }
 
-absl::StatusOr<std::shared_ptr<SessionData>> LoadSessionData(const state::SessionReader& reader,
-                                                             const model::Transformer& model) {
+absl::StatusOr<std::shared_ptr<SessionData>> LoadSessionData(const state::SessionReader &reader,
+                                                             const model::Transformer &model) {
   auto data = std::make_shared<SessionData>();
   ECHOKV_RETURN_IF_ERROR(Guard("loading the session", [&]() -> absl::Status {
-    const state::SessionManifest& m = reader.manifest();
-    const model::ModelConfig& c = model.config();
+    const state::SessionManifest &m = reader.manifest();
+    const model::ModelConfig &c = model.config();
     data->tokens.assign(m.meta.tokens.begin(), m.meta.tokens.end());
     const int64_t total = static_cast<int64_t>(data->tokens.size());
     if (m.meta.memory == state::MemoryMode::kTiered) {
@@ -245,9 +277,10 @@ absl::StatusOr<std::shared_ptr<SessionData>> LoadSessionData(const state::Sessio
       for (int l = 0; l < c.num_layers; ++l) {
         const std::vector<state::SessionReader::BlobRef> ks = reader.FindAll(absl::StrCat("cold.k.", l));
         const std::vector<state::SessionReader::BlobRef> vs = reader.FindAll(absl::StrCat("cold.v.", l));
-        if (ks.size() != vs.size()) return absl::DataLossError(absl::StrCat("cold tier of layer ", l, " is incomplete"));
+        if (ks.size() != vs.size())
+          return absl::DataLossError(absl::StrCat("cold tier of layer ", l, " is incomplete"));
         for (size_t i = 0; i < ks.size(); ++i) {
-          const state::SegmentInfo& seg = m.segments[ks[i].segment];
+          const state::SegmentInfo &seg = m.segments[ks[i].segment];
           ECHOKV_ASSIGN_OR_RETURN(at::Tensor k, ReadTensor(reader, ks[i]));
           ECHOKV_ASSIGN_OR_RETURN(at::Tensor v, ReadTensor(reader, vs[i]));
           std::vector<int64_t> positions;

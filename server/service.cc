@@ -57,7 +57,17 @@ InputSpec ToInput(const pb::Input& in) {
       break;
     case pb::Input::kChat:
       spec.kind = InputSpec::Kind::kChat;
-      for (const pb::ChatMessage& m : in.chat().messages()) spec.chat.push_back({m.role(), m.content()});
+      for (const pb::ChatMessage& m : in.chat().messages()) {
+        model::ChatMessage msg{m.role(), m.content()};
+        msg.name = m.name();
+        msg.tool_call_id = m.tool_call_id();
+        for (const pb::ToolCall& c : m.tool_calls()) {
+          msg.tool_calls.push_back({c.id(), c.type().empty() ? "function" : c.type(), c.function_name(),
+                                    c.arguments_json()});
+        }
+        spec.chat.push_back(std::move(msg));
+      }
+      spec.tools_json = in.chat().tools_json();
       spec.add_generation_prompt =
           in.chat().has_add_generation_prompt() ? in.chat().add_generation_prompt() : true;
       break;
@@ -161,6 +171,20 @@ void FillSession(const SessionInfo& s, pb::Session* out) {
   out->set_last_used_unix_ms(absl::ToUnixMillis(s.last_used));
   out->set_ttl_seconds(absl::ToInt64Seconds(s.ttl));
   out->set_busy(s.busy);
+  for (const model::ChatMessage& m : s.messages) {
+    pb::ChatMessage* o = out->add_messages();
+    o->set_role(m.role);
+    o->set_content(m.content);
+    o->set_name(m.name);
+    o->set_tool_call_id(m.tool_call_id);
+    for (const model::ToolCall& c : m.tool_calls) {
+      pb::ToolCall* t = o->add_tool_calls();
+      t->set_id(c.id);
+      t->set_type(c.type);
+      t->set_function_name(c.name);
+      t->set_arguments_json(c.arguments_json);
+    }
+  }
 }
 
 void FillLayers(const std::vector<LayerCacheInfo>& layers, google::protobuf::RepeatedPtrField<pb::LayerCache>* out) {
@@ -546,9 +570,22 @@ grpc::ServerUnaryReactor* EchoKvService::GetSession(grpc::CallbackServerContext*
                                                     const v1::GetSessionRequest* request,
                                                     v1::Session* response) {
   auto* reactor = new UnaryReactor(this, "GetSession", false);
-  engine_->GetSession(CallerOf(ctx), request->session_id(), [reactor, response](absl::StatusOr<SessionInfo> s) {
-    if (s.ok()) FillSession(*s, response);
-    reactor->Done(s.status());
+  const Caller caller = CallerOf(ctx);
+  const bool include_tokens = request->include_tokens();
+  Engine* engine = engine_;
+  const std::string id = request->session_id();
+  engine_->GetSession(caller, id, [reactor, response, include_tokens, engine, caller, id](absl::StatusOr<SessionInfo> s) {
+    if (!s.ok() || !include_tokens) {
+      if (s.ok()) FillSession(*s, response);
+      return reactor->Done(s.status());
+    }
+    FillSession(*s, response);
+    engine->SessionTokens(caller, id, [reactor, response](absl::StatusOr<std::vector<int>> tokens) {
+      if (tokens.ok()) {
+        for (int t : *tokens) response->add_tokens(t);
+      }
+      reactor->Done(tokens.status());
+    });
   });
   return reactor;
 }

@@ -66,6 +66,7 @@ struct SessionMeta {
   // Chat sessions: every message so far, in order (what was sent as chat input, and
   // the assistant replies committed by Generate). Empty for text / token sessions.
   std::vector<model::ChatMessage> messages;
+  std::string tools_json;  // chat sessions: the latest tool definitions (JSON array; "" = none)
 };
 
 // Totals over live sessions (ServerInfo, metrics).

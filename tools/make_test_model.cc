@@ -401,7 +401,9 @@ absl::Status TestModelOptions::Validate() const {
   if (intermediate < 1 || intermediate > 65536) {
     return bad("intermediate", intermediate, "must be in [1, 65536]");
   }
-  if (vocab < 300 || vocab > 65536) return bad("vocab", vocab, "must be in [300, 65536]");
+  if (vocab < 300 || vocab > (weights_only ? 262144 : 65536)) {
+    return bad("vocab", vocab, weights_only ? "must be in [300, 262144]" : "must be in [300, 65536]");
+  }
   if (max_pos < 1 || max_pos > (1 << 20)) return bad("max_pos", max_pos, "must be in [1, 2^20]");
   if (arch == "mistral" && (sliding_window < 1 || sliding_window > max_pos)) {
     return bad("sliding_window", sliding_window, "must be in [1, max_pos]");
@@ -474,6 +476,7 @@ absl::Status MakeTestModel(const TestModelOptions& options, std::vector<std::str
   ECHOKV_RETURN_IF_ERROR(model::WriteSafetensors(weights_path, tensors, {{"format", "pt"}}));
   note(weights_path);
   tensors.clear();
+  if (options.weights_only) return absl::OkStatus();
 
   ECHOKV_RETURN_IF_ERROR(TrainTokenizer(options, dir));
   note(dir + "/tokenizer.model");

@@ -36,6 +36,10 @@ struct TestModelOptions {
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
+  // Write only config.json, generation_config.json and the weights (no tokenizer
+  // files): for tests that pair the model with a real tokenizer of `vocab` ids. The
+  // vocabulary may then be up to 262144.
+  bool weights_only = false;
   // config.json rope_scaling: "" (null), "linear" or "llama3" (written with
   // "rope_type", as Llama 3.1 / 3.2 checkpoints do).
   std::string rope_scaling;

@@ -377,9 +377,9 @@ class AsyncClient(ClientBase):
         self._router.learn_created(session.id, address)
         return session
 
-    async def get(self, session_id, *, timeout=DEFAULT):
+    async def get(self, session_id, *, include_tokens=False, timeout=DEFAULT):
         response, _ = await self._unary(
-            "GetSession", pb.GetSessionRequest(session_id=session_id), session_id,
+            "GetSession", pb.GetSessionRequest(session_id=session_id, include_tokens=include_tokens), session_id,
             idempotent=True, timeout=timeout)
         return Session.from_proto(response)
 

@@ -459,9 +459,9 @@ class Client(ClientBase):
         self._router.learn_created(session.id, address)
         return session
 
-    def get(self, session_id, *, timeout=DEFAULT):
+    def get(self, session_id, *, include_tokens=False, timeout=DEFAULT):
         """The session's current state (refreshes its idle timer)."""
-        response, _ = self._unary("GetSession", pb.GetSessionRequest(session_id=session_id),
+        response, _ = self._unary("GetSession", pb.GetSessionRequest(session_id=session_id, include_tokens=include_tokens),
                                   session_id, idempotent=True, timeout=timeout)
         return Session.from_proto(response)
 

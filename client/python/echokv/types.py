@@ -149,6 +149,14 @@ class ChatMessage:
                    tool_calls=tuple(ToolCall.of(c) for c in value.get("tool_calls") or ()),
                    tool_call_id=value.get("tool_call_id") or "")
 
+    @classmethod
+    def from_proto(cls, m):
+        return cls(role=m.role, content=m.content, name=m.name,
+                   tool_calls=tuple(ToolCall(id=c.id, function_name=c.function_name,
+                                             arguments_json=c.arguments_json, type=c.type or "function")
+                                    for c in m.tool_calls),
+                   tool_call_id=m.tool_call_id)
+
     def to_proto(self):
         return pb.ChatMessage(role=self.role, content=self.content, name=self.name,
                               tool_calls=[c.to_proto() for c in self.tool_calls],
@@ -236,6 +244,10 @@ class Session:
     memory: str
     hot_kv_bytes: int
     cold_kv_bytes: int
+    # Chat sessions: the conversation so far (chat input and committed replies).
+    messages: Tuple["ChatMessage", ...] = ()
+    # get(include_tokens=True): every token the session holds, in order.
+    tokens: Tuple[int, ...] = ()
 
     @property
     def owner(self):
@@ -261,7 +273,9 @@ class Session:
                          if m.HasField("last_report") else None),
             created_unix_ms=m.created_unix_ms, last_used_unix_ms=m.last_used_unix_ms,
             ttl_seconds=m.ttl_seconds, busy=m.busy, memory=m.memory,
-            hot_kv_bytes=m.hot_kv_bytes, cold_kv_bytes=m.cold_kv_bytes)
+            hot_kv_bytes=m.hot_kv_bytes, cold_kv_bytes=m.cold_kv_bytes,
+            messages=tuple(ChatMessage.from_proto(x) for x in m.messages),
+            tokens=tuple(m.tokens))
 
 
 @dataclass(frozen=True)

@@ -421,6 +421,8 @@ class DeadlineTest(FakeTestCase):
 
     def test_short_unary_deadline_fails_fast(self):
         fake = self.start()
+        fake.hang_info = threading.Event()  # the call cannot finish within any deadline
+        self.addCleanup(fake.hang_info.set)
         client = self.client(fake.address, timeout=1e-6, retry=False)
         with self.assertRaises(echokv.DeadlineExceeded):
             client.info()
@@ -708,6 +710,8 @@ class AsyncClientTest(FakeTestCase):
         fake = self.start()
         fake.hang_generate = threading.Event()
         self.addCleanup(fake.hang_generate.set)
+        fake.hang_info = threading.Event()
+        self.addCleanup(fake.hang_info.set)
 
         async def run():
             async with echokv.AsyncClient(fake.address, retry=False, timeout=1e-6,
@@ -727,6 +731,8 @@ class AsyncClientTest(FakeTestCase):
         fake = self.start()
         fake.hang_generate = threading.Event()
         self.addCleanup(fake.hang_generate.set)
+        fake.hang_info = threading.Event()
+        self.addCleanup(fake.hang_info.set)
 
         async def run():
             async with echokv.AsyncClient(fake.address) as client:

@@ -129,6 +129,10 @@ class _Servicer(pb_grpc.EchoKVServicer):
 
     def GetServerInfo(self, request, context):
         self._enter("GetServerInfo", request, context)
+        if self.r.hang_info is not None:  # outlives any short deadline, until released
+            while not self.r.hang_info.wait(0.01):
+                if not context.is_active():
+                    break
         return pb.ServerInfo(version="fake", replica_id=self.r.name or "",
                              model=pb.ModelInfo(model_type="fake", chat_template=True),
                              policies=["full", "echokv"], live_sessions=len(self.r.sessions))
@@ -285,6 +289,7 @@ class FakeReplica:
         self.failures = collections.defaultdict(list)
         self.owner_hint = {}
         self.hang_generate = None
+        self.hang_info = None  # a threading.Event: GetServerInfo waits for it
         self.generate_cancelled = threading.Event()
         self.last_chat = None
         self._server = None
