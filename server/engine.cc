@@ -7,7 +7,11 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
+#include <filesystem>
 #include <exception>
 #include <thread>
 #include <utility>
@@ -24,6 +28,7 @@
 #include "server/scheduler.h"
 #include "server/session_data.h"
 #include "server/state/store.h"
+#include "server/state/snapshot.h"
 #include "server/turn_job.h"
 #include "server/worker_pool.h"
 
@@ -148,6 +153,10 @@ class Engine::Impl {
   std::unique_ptr<StateObserverAdapter> state_observer;
   std::unique_ptr<state::StateStore> durable;
   std::unique_ptr<WorkerPool> io;
+  // Export / import streams (they wait on slow readers, so not on the I/O thread).
+  std::unique_ptr<WorkerPool> transfer;
+  absl::Mutex fingerprint_mu;
+  std::optional<state::ModelFingerprint> fingerprint ABSL_GUARDED_BY(fingerprint_mu);  // computed once
 
   mutable absl::Mutex mu;
   std::deque<std::function<void()>> inbox ABSL_GUARDED_BY(mu);  // admissions and quick tasks
@@ -200,6 +209,19 @@ class Engine::Impl {
   // Drops idle saved sessions' tensors until `bytes` more cold bytes fit in memory.
   absl::Status MakeColdRoom(int64_t bytes, const std::string& except);
   void ForgetOnDisk(const std::string& id);
+  // The model's fingerprint (snapshots carry it), computed on first use.
+  absl::StatusOr<state::ModelFingerprint> Fingerprint();
+  // A scratch store for moving a session that lives in memory only; removed by the
+  // returned cleanup (the directory and its files).
+  struct ScratchStore {
+    std::string dir;
+    std::unique_ptr<state::StateStore> store;
+    ~ScratchStore();
+  };
+  absl::StatusOr<std::unique_ptr<ScratchStore>> MakeScratchStore();
+  // Streams `exporter` to `sink` (a transfer thread), waiting while its reader lags.
+  void StreamExport(state::SnapshotExporter& exporter, const CancelFlag& cancel, const ExportSink& sink,
+                    const DoneFn<int64_t>& done);
   void ProcessCompletions(const std::vector<uint64_t>& failed_streams, const std::vector<uint64_t>& finished_streams,
                           const std::vector<uint64_t>& failed_jobs);
 
@@ -1060,7 +1082,7 @@ absl::StatusOr<std::shared_ptr<SessionData>> Engine::Impl::SessionDataFor(const 
 }
 
 absl::Status Engine::Impl::OpenDurableState() {
-  absl::StatusOr<state::ModelFingerprint> fp = FingerprintModelDir(config.model_dir);
+  absl::StatusOr<state::ModelFingerprint> fp = Fingerprint();
   if (!fp.ok()) return absl::Status(fp.status().code(), absl::StrCat("--state_dir: ", fp.status().message()));
   state::StoreOptions so;
   so.dir = config.state_dir;
@@ -1104,6 +1126,58 @@ absl::Status Engine::Impl::OpenDurableState() {
                    << found.errors.size() << ", fsync " << (config.fsync_always ? "always" : "none");
   facts.durable = true;
   return absl::OkStatus();
+}
+
+absl::StatusOr<state::ModelFingerprint> Engine::Impl::Fingerprint() {
+  absl::MutexLock lock(&fingerprint_mu);
+  if (!fingerprint.has_value()) {
+    ECHOKV_ASSIGN_OR_RETURN(state::ModelFingerprint fp, FingerprintModelDir(config.model_dir));
+    fingerprint = fp;
+  }
+  return *fingerprint;
+}
+
+Engine::Impl::ScratchStore::~ScratchStore() {
+  store.reset();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+absl::StatusOr<std::unique_ptr<Engine::Impl::ScratchStore>> Engine::Impl::MakeScratchStore() {
+  ECHOKV_ASSIGN_OR_RETURN(state::ModelFingerprint fp, Fingerprint());
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/echokv-transfer-XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("cannot create a scratch directory ", pattern, ": ", std::strerror(errno)));
+  }
+  auto scratch = std::make_unique<ScratchStore>();
+  scratch->dir = pattern;
+  state::StoreOptions so;
+  so.dir = pattern;
+  so.model = fp;
+  so.fsync = state::FsyncPolicy::kNone;  // scratch: gone with the transfer
+  ECHOKV_ASSIGN_OR_RETURN(scratch->store, state::StateStore::Create(so));
+  return scratch;
+}
+
+void Engine::Impl::StreamExport(state::SnapshotExporter& exporter, const CancelFlag& cancel, const ExportSink& sink,
+                                const DoneFn<int64_t>& done) {
+  constexpr int kMaxBacklog = 4;  // chunks of 1 MiB the reader may lag behind
+  int64_t total = 0;
+  std::string chunk;
+  while (true) {
+    while (sink.backlog && sink.backlog() >= kMaxBacklog && !cancel->load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (cancel->load()) return done(absl::CancelledError("export cancelled"));
+    absl::StatusOr<bool> more = exporter.Next(&chunk);
+    if (!more.ok()) return done(more.status());
+    if (!*more) break;
+    total += static_cast<int64_t>(chunk.size());
+    sink.on_chunk(std::move(chunk));
+    chunk.clear();
+  }
+  done(total);
 }
 
 // ------------------------------------------------------------------------------
@@ -1348,6 +1422,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithModel(const EngineConf
   impl->scheduler = std::make_unique<Scheduler>(so);
   impl->runner = std::make_unique<Runner>(impl->model.get());
   impl->edge = std::make_unique<WorkerPool>(config.edge_threads);
+  impl->transfer = std::make_unique<WorkerPool>(2);
   if (!config.state_dir.empty()) ECHOKV_RETURN_IF_ERROR(impl->OpenDurableState());
   impl->Heartbeat();
   Impl* raw = impl.get();
@@ -1658,6 +1733,174 @@ void Engine::InspectCache(Caller caller, std::string session_id, bool include_po
   }
 }
 
+void Engine::ExportSession(Caller caller, std::string session_id, CancelFlag cancel, ExportSink sink,
+                           DoneFn<int64_t> done) {
+  Impl* impl = impl_.get();
+  if (!IsValidSessionId(session_id)) {
+    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+  }
+  cancel = OrFreshFlag(std::move(cancel));
+  auto sink_ptr = std::make_shared<ExportSink>(std::move(sink));
+  auto d = std::make_shared<DoneFn<int64_t>>(std::move(done));
+  if (!impl->Post([impl, caller, session_id, cancel, sink_ptr, d] {
+        // A read of the committed state: allowed while a mutation runs.
+        absl::StatusOr<SessionMeta> meta = impl->store->Get(session_id, caller.tenant, /*touch=*/true);
+        if (!meta.ok()) return (*d)(meta.status());
+        if (impl->durable != nullptr && impl->durable->Contains(session_id)) {
+          // Saved sessions stream straight from their files.
+          return impl->transfer->Submit([impl, session_id, cancel, sink_ptr, d](bool shutting_down) {
+            if (shutting_down) return (*d)(absl::UnavailableError("server is shutting down"));
+            absl::StatusOr<std::unique_ptr<state::SnapshotExporter>> exporter = impl->durable->Export(session_id);
+            if (!exporter.ok()) return (*d)(exporter.status());
+            impl->StreamExport(**exporter, cancel, *sink_ptr, *d);
+          });
+        }
+        // In memory only: one superseding segment of the whole state, through a scratch
+        // store, in the same format.
+        absl::StatusOr<std::shared_ptr<SessionData>> data = impl->SessionDataFor(session_id, caller.tenant);
+        if (!data.ok()) return (*d)(data.status());
+        absl::StatusOr<TurnRecord> rec = EncodeTurn(*meta, **data, 0, /*full=*/true);
+        if (!rec.ok()) return (*d)(rec.status());
+        auto record = std::make_shared<TurnRecord>(std::move(*rec));
+        impl->transfer->Submit([impl, record, cancel, sink_ptr, d](bool shutting_down) {
+          if (shutting_down) return (*d)(absl::UnavailableError("server is shutting down"));
+          absl::StatusOr<std::unique_ptr<Impl::ScratchStore>> scratch = impl->MakeScratchStore();
+          if (!scratch.ok()) return (*d)(scratch.status());
+          if (absl::Status s = (*scratch)->store->WriteTurn(record->meta, record->segment); !s.ok()) return (*d)(s);
+          absl::StatusOr<std::unique_ptr<state::SnapshotExporter>> exporter =
+              (*scratch)->store->Export(record->meta.id);
+          if (!exporter.ok()) return (*d)(exporter.status());
+          impl->StreamExport(**exporter, cancel, *sink_ptr, *d);
+        });
+      })) {
+    (*d)(absl::UnavailableError("server is shutting down"));
+  }
+}
+
+namespace {
+
+// ImportSession: bytes go to an importer on a transfer thread (in order: one task at a
+// time per import), into the durable store or a scratch store; Finish admits the
+// session under the store's limits.
+class SessionImportImpl : public SessionImport {
+ public:
+  SessionImportImpl(Engine::Impl* impl, Caller caller, bool keep_id, std::optional<absl::Duration> ttl)
+      : impl_(impl), caller_(std::move(caller)), keep_id_(keep_id), ttl_(ttl) {}
+
+  void Feed(std::string chunk, std::function<void(absl::Status)> done) override;
+  void Finish(DoneFn<SessionInfo> done) override;
+
+ private:
+  absl::Status Start();
+  absl::StatusOr<SessionInfo> Complete();
+
+  Engine::Impl* impl_;                                       // not owned; outlives the call
+  Caller caller_;
+  bool keep_id_;
+  std::optional<absl::Duration> ttl_;
+  std::unique_ptr<Engine::Impl::ScratchStore> scratch_;      // in-memory servers only
+  std::unique_ptr<state::SnapshotImporter> importer_;        // created on the first chunk
+};
+
+}  // namespace
+
+std::unique_ptr<SessionImport> Engine::BeginImport(Caller caller, bool keep_id, std::optional<absl::Duration> ttl) {
+  return std::make_unique<SessionImportImpl>(impl_.get(), std::move(caller), keep_id, ttl);
+}
+
+namespace {
+
+absl::Status SessionImportImpl::Start() {
+  if (importer_ != nullptr) return absl::OkStatus();
+  if (impl_->durable != nullptr) {
+    importer_ = impl_->durable->BeginImport();
+    return absl::OkStatus();
+  }
+  ECHOKV_ASSIGN_OR_RETURN(scratch_, impl_->MakeScratchStore());
+  importer_ = scratch_->store->BeginImport();
+  return absl::OkStatus();
+}
+
+void SessionImportImpl::Feed(std::string chunk, std::function<void(absl::Status)> done) {
+  auto bytes = std::make_shared<std::string>(std::move(chunk));
+  impl_->transfer->Submit([this, bytes, done](bool shutting_down) {
+    if (shutting_down) return done(absl::UnavailableError("server is shutting down"));
+    absl::Status s = Start();
+    if (s.ok()) s = importer_->Feed(*bytes);
+    done(s);
+  });
+}
+
+void SessionImportImpl::Finish(DoneFn<SessionInfo> done) {
+  impl_->transfer->Submit([this, done](bool shutting_down) {
+    if (shutting_down) return done(absl::UnavailableError("server is shutting down"));
+    done(Complete());
+  });
+}
+
+absl::StatusOr<SessionInfo> SessionImportImpl::Complete() {
+  ECHOKV_RETURN_IF_ERROR(Start());
+  const state::SessionManifest* parsed = importer_->manifest();
+  if (parsed == nullptr) {
+    // Let the importer name what is missing (a truncated stream).
+    absl::StatusOr<state::SessionManifest> m = importer_->Finish();
+    return m.ok() ? absl::InternalError("import: the snapshot ended before its manifest") : m.status();
+  }
+  ECHOKV_ASSIGN_OR_RETURN(SessionMeta incoming, MetaFromManifest(*parsed, *impl_->model));
+  const bool in_memory = impl_->durable == nullptr;
+  const bool cold_in_memory = in_memory && incoming.memory == MemoryMode::kTiered;
+  absl::StatusOr<SessionStore::Reservation> r =
+      keep_id_ ? impl_->store->ReserveId(incoming.id, caller_.tenant, incoming.hot_bytes, incoming.cold_bytes,
+                                         cold_in_memory)
+               : impl_->store->Reserve(caller_.tenant, incoming.hot_bytes, incoming.cold_bytes, cold_in_memory);
+  if (!r.ok()) {
+    impl_->Reject(r.status());
+    return r.status();
+  }
+  const absl::Time now = impl_->clock->Now();
+  absl::StatusOr<state::SessionManifest> committed =
+      importer_->Finish(r->id, [this, now](state::SessionMeta& m) {
+        m.tenant = caller_.tenant;
+        m.last_used = now;
+        if (ttl_.has_value()) m.ttl = *ttl_;
+        return absl::OkStatus();
+      });
+  if (!committed.ok()) {
+    impl_->store->Unreserve(*r);
+    return committed.status();
+  }
+  absl::StatusOr<SessionMeta> meta = MetaFromManifest(*committed, *impl_->model);
+  std::shared_ptr<SessionData> data;
+  if (meta.ok() && in_memory) {
+    // Load it now: the scratch store goes away with this import.
+    absl::StatusOr<std::unique_ptr<state::SessionReader>> reader = scratch_->store->OpenSession(r->id);
+    absl::StatusOr<std::shared_ptr<SessionData>> loaded =
+        reader.ok() ? LoadSessionData(**reader, *impl_->model) : reader.status();
+    if (!loaded.ok()) {
+      impl_->store->Unreserve(*r);
+      return loaded.status();
+    }
+    data = std::move(*loaded);
+    meta->cold_in_memory = data->cold != nullptr;
+  }
+  if (!meta.ok()) {
+    impl_->store->Unreserve(*r);
+    impl_->ForgetOnDisk(r->id);
+    return meta.status();
+  }
+  meta->last_used = now;
+  if (absl::Status s = impl_->store->Insert(*r, *meta, std::move(data)); !s.ok()) {
+    impl_->Reject(s);
+    impl_->ForgetOnDisk(r->id);
+    return s;
+  }
+  if (impl_->observer != nullptr) impl_->observer->OnSessionCreated();
+  ECHOKV_ASSIGN_OR_RETURN(SessionMeta now_meta, impl_->store->Get(r->id, caller_.tenant, false));
+  return impl_->Info(now_meta);
+}
+
+}  // namespace
+
 void Engine::SessionTokens(Caller caller, std::string session_id, DoneFn<std::vector<int>> done) {
   Impl* impl = impl_.get();
   if (!IsValidSessionId(session_id)) {
@@ -1713,6 +1956,7 @@ void Engine::Shutdown() {
   // Edge work still queued answers UNAVAILABLE; writes in flight finish (queued ones
   // are refused); then the engine drains.
   impl_->edge->Shutdown();
+  impl_->transfer->Shutdown();
   if (impl_->io != nullptr) impl_->io->Shutdown();
   if (impl_->thread.joinable()) impl_->thread.join();
 }

@@ -239,6 +239,23 @@ struct StreamSink {
   std::function<int()> backlog;
 };
 
+// Where an ExportSession stream goes: chunks of the snapshot, in order. `backlog` (may
+// be empty) reports what the reader has not taken; the exporter waits while it is high.
+struct ExportSink {
+  std::function<void(std::string)> on_chunk;
+  std::function<int()> backlog;
+};
+
+// An ImportSession in progress: Feed the snapshot's bytes in order (each `done` runs
+// once the bytes are consumed; read the next chunk then), then Finish. Dropping it
+// without Finish creates nothing.
+class SessionImport {
+ public:
+  virtual ~SessionImport() = default;
+  virtual void Feed(std::string chunk, std::function<void(absl::Status)> done) = 0;
+  virtual void Finish(DoneFn<SessionInfo> done) = 0;
+};
+
 // Engine health for the gRPC health service and the watchdog.
 struct EngineHealth {
   bool serving = true;             // false: stuck (work waiting, no step for stuck_after)
@@ -284,6 +301,15 @@ class Engine {
   void DeleteSession(Caller caller, std::string session_id, DoneFn<int64_t> done);  // freed bytes
   void InspectCache(Caller caller, std::string session_id, bool include_positions,
                     DoneFn<CacheInspection> done);
+
+  // A self-describing snapshot of the session's committed state (the state format of
+  // docs/ARCHITECTURE.md), streamed in chunks; `done` gets the total bytes.
+  void ExportSession(Caller caller, std::string session_id, CancelFlag cancel, ExportSink sink,
+                     DoneFn<int64_t> done);
+  // Recreates a session from an ExportSession stream (this server's model only:
+  // FAILED_PRECONDITION otherwise) under a new id of this replica, or the snapshot's own
+  // id with keep_id (ALREADY_EXISTS when taken). Owned by the caller's tenant.
+  std::unique_ptr<SessionImport> BeginImport(Caller caller, bool keep_id, std::optional<absl::Duration> ttl);
 
   // Every token the session holds, in order (its committed state).
   void SessionTokens(Caller caller, std::string session_id, DoneFn<std::vector<int>> done);
