@@ -1445,6 +1445,10 @@ void Engine::InspectCache(Caller caller, std::string session_id, bool include_po
 
 StoreTotals Engine::Totals() const { return impl_->store->Totals(); }
 
+void Engine::SetTenantQuotas(absl::flat_hash_map<std::string, TenantQuota> quotas) {
+  impl_->store->SetTenantQuotas(std::move(quotas));
+}
+
 void Engine::Wake() {
   absl::MutexLock lock(&impl_->mu);
   impl_->wake = true;
