@@ -56,7 +56,7 @@ class ServerProcess:
         self.log_path = os.path.join(self.tmp.name, "server.log")
         self.log = open(self.log_path, "w")
         self.process = subprocess.Popen(
-            [ARGS.server_binary, "--model", ARGS.model, "--host", "127.0.0.1",
+            [ARGS.server_binary, "--model", ARGS.model, "--host", "127.0.0.1", "--insecure",
              "--port", str(port), "--metrics-port=-1", "--port-file", self.port_file,
              "--threads", "1"] + list(extra),
             stdout=self.log, stderr=subprocess.STDOUT)
