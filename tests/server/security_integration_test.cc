@@ -498,6 +498,14 @@ TEST(TlsTest, MutualTlsRefusesAClientWithoutACertificate) {
   std::string id;
   ASSERT_TRUE(CreateSession(stub.get(), "tokA", kStory, &id).ok());
   EXPECT_TRUE(GenerateAll(stub.get(), "tokA", id, 8).ok());
+  // echokv-cli with the same credentials (exit 0), and without the token (exit 1).
+  const std::string tok = MakeTempDir("echokv_cli") + "/token";
+  WriteFileOrDie(tok, "tokA\n");
+  const std::string cli = absl::StrCat(ECHOKV_CLI_BIN, " --server localhost:", s.port(), " --tls_ca ", c.Path("ca.pem"),
+                                       " --tls_cert ", c.Path("client.pem"), " --tls_key ", c.Path("client.key"));
+  EXPECT_EQ(std::system((cli + " --token_file " + tok + " list >/dev/null 2>&1").c_str()), 0);
+  const int no_token = std::system((cli + " list >/dev/null 2>&1").c_str());
+  EXPECT_TRUE(WIFEXITED(no_token) && WEXITSTATUS(no_token) == 1) << no_token;
   // Refused by the processor before any handler: counted all the same.
   EXPECT_THAT(s.Metrics(), HasSubstr("echokv_requests_total{code=\"UNAUTHENTICATED\",method=\"GetServerInfo\"} 2"));
 }
