@@ -345,9 +345,11 @@ absl::StatusOr<std::vector<int>> Engine::Impl::Tokenize(const InputSpec& input, 
         return absl::UnimplementedError(absl::StrCat("input.chat: this model has no usable chat template (",
                                                      chat_error, "); send text or tokens instead"));
       }
-      absl::StatusOr<std::vector<int>> r = model::EncodeChat(*chat, input.chat, input.add_generation_prompt, *tokenizer);
+      absl::StatusOr<model::BoundedEncoding> r =
+          model::EncodeChatAtMost(*chat, input.chat, input.add_generation_prompt, *tokenizer, max_tokens);
       if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("input.chat: ", r.status().message()));
-      ids = std::move(*r);
+      if (r->exceeded) return too_long(r->at_least, true);
+      ids = std::move(r->ids);
       break;
     }
   }
