@@ -331,7 +331,9 @@ int Run() {
       ECHOKV_LOG(ERROR) << "--http_" << s.message();
       return 2;
     }
-    StreamSlots slots{[&service] { return service.AcquireStream(); }, [&service] { service.ReleaseStream(); }};
+    hc.tokens = tokens.get();
+    DoorSlots slots{[&service](const std::string& tenant) { return service.AcquireStream(tenant); },
+                    [&service](const std::string& tenant) { service.ReleaseStream(tenant); }};
     absl::StatusOr<std::unique_ptr<OpenAiServer>> started =
         OpenAiServer::Start(engine->get(), metrics->get(), hc, std::move(slots));
     if (!started.ok()) {
