@@ -414,6 +414,7 @@ class SentencePieceTokenizer : public Tokenizer {
       pos = end;
     }
     if (add_eos) out.ids.push_back(eos_ids_.front());
+    if (static_cast<int64_t>(out.ids.size()) > max_tokens) return exceeded(static_cast<int64_t>(out.ids.size()));
     return out;
   }
 

@@ -416,6 +416,10 @@ void CheckBoundedEncodeEqualsFull(const std::string& dir) {
     if (text.find(' ', 9) != std::string::npos) ++cut_texts;
   }
   EXPECT_GT(cut_texts, 100);
+  // Only the specials (an empty text): still measured against the limit.
+  ASSERT_OK_AND_ASSIGN(BoundedEncoding empty, tok->EncodeAtMost("", EncodeOptions{}, 0));
+  EXPECT_TRUE(empty.exceeded);
+  EXPECT_EQ(empty.at_least, 1);
   // A huge text without spaces is refused from its size alone (byte fallback).
   ASSERT_OK_AND_ASSIGN(BoundedEncoding huge, tok->EncodeAtMost(std::string(4 << 20, 'a'), EncodeOptions{}, 512));
   EXPECT_TRUE(huge.exceeded);
