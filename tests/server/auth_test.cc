@@ -102,8 +102,9 @@ TEST(TokenStoreTest, VerifiesBearerTokensAndRefusesEverythingElse) {
   EXPECT_EQ(a.quota.max_streams, 2);
   ASSERT_OK_AND_ASSIGN(AuthResult b, store->VerifyAuthorization("bearer   tok-b "));
   EXPECT_EQ(b.tenant, "beta");
-  for (const std::string& h : std::vector<std::string>{"", "Bearer", "Bearer ", "Basic dG9rLWE=", "tok-a", "Bearer tok-a2", "Bearer tok-",
-                              "Bearer TOK-A", "Bearertok-a"}) {
+  const std::vector<std::string> refused = {"",      "Bearer",        "Bearer ",     "Basic dG9rLWE=", "tok-a",
+                                            "Bearer tok-a2", "Bearer tok-", "Bearer TOK-A", "Bearertok-a"};
+  for (const std::string& h : refused) {
     EXPECT_THAT(store->VerifyAuthorization(h).status(), StatusIs(absl::StatusCode::kUnauthenticated, "")) << h;
   }
   EXPECT_THAT(store->VerifyAuthorization("").status(),
