@@ -268,11 +268,22 @@ TEST(StartupTest, RefusesToStartOpenWithoutInsecure) {
   EXPECT_THAT(s.log(), HasSubstr("refusing to start without authentication"));
 }
 
-TEST(StartupTest, InsecureSaysSoLoudly) {
+grpc::Status RawCall(grpc::Channel* ch, const std::string& method, const std::string& bytes,
+                     const std::string& token = "");
+
+TEST(StartupTest, InsecureSaysSoLoudlyAndReflectionIsOffByDefault) {
   Server s({"--insecure"});
   ECHOKV_REQUIRE_SERVER(s);
   EXPECT_THAT(s.log(), HasSubstr("INSECURE: --insecure given: NO AUTHENTICATION"));
-  EXPECT_TRUE(ServerInfo(s.Plain().get(), "").ok());
+  auto ch = s.Plain();
+  EXPECT_TRUE(ServerInfo(ch.get(), "").ok());
+  const std::string reflection = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
+  EXPECT_EQ(RawCall(ch.get(), reflection, "").error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  Server with({"--insecure", "--reflection"});
+  ASSERT_TRUE(with.ok());
+  // Registered: the call reaches the reflection service (which answers an empty
+  // request with an error of its own, or not at all before the deadline).
+  EXPECT_NE(RawCall(with.Plain().get(), reflection, "").error_code(), grpc::StatusCode::UNIMPLEMENTED);
 }
 
 TEST(StartupTest, BadTokensFileNamesTheLine) {
@@ -311,7 +322,6 @@ TEST(AuthTest, NoTokenOrWrongTokenIsUnauthenticatedAndHealthIsOpen) {
   EXPECT_TRUE(GenerateAll(stub.get(), "tokA", id, 4).ok());
   // Refusals are counted like every other request.
   EXPECT_THAT(s.Metrics(), HasSubstr("echokv_requests_total{code=\"UNAUTHENTICATED\",method=\"GetServerInfo\"} 3"));
-  // Reflection is off by default.
   EXPECT_THAT(s.log(), Not(HasSubstr("INSECURE")));
 }
 
@@ -587,15 +597,16 @@ TEST(ReloadTest, SighupReloadsTokensAndCertificatesWhileAStreamRuns) {
 // Edge validation: raw bytes through a generic stub.
 
 grpc::Status RawCall(grpc::Channel* ch, const std::string& method, const std::string& bytes,
-                     const std::string& token = "") {
+                     const std::string& token) {
   grpc::GenericStub stub(std::shared_ptr<grpc::Channel>(ch, [](grpc::Channel*) {}));
   grpc::ClientContext ctx;
   if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   grpc::Slice slice(bytes);
   grpc::ByteBuffer req(&slice, 1), resp;
   std::promise<grpc::Status> done;
-  stub.UnaryCall(&ctx, "/echokv.v1.EchoKV/" + method, grpc::StubOptions(), &req, &resp,
+  const std::string path = method.front() == '/' ? method : "/echokv.v1.EchoKV/" + method;
+  stub.UnaryCall(&ctx, path, grpc::StubOptions(), &req, &resp,
                  [&](grpc::Status s) { done.set_value(s); });
   return done.get_future().get();
 }
