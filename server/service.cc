@@ -404,13 +404,19 @@ absl::Status EchoKvService::AcquireStream(const std::string& tenant) {
     }
     return s;
   }
-  if (metrics_ != nullptr) metrics_->OnStreamDelta(1);
+  if (metrics_ != nullptr) {
+    metrics_->OnStreamDelta(1);
+    if (!tenant.empty()) metrics_->OnTenantStreamDelta(tenant, 1);
+  }
   return absl::OkStatus();
 }
 
 void EchoKvService::ReleaseStream(const std::string& tenant) {
   slots_.Release(tenant);
-  if (metrics_ != nullptr) metrics_->OnStreamDelta(-1);
+  if (metrics_ != nullptr) {
+    metrics_->OnStreamDelta(-1);
+    if (!tenant.empty()) metrics_->OnTenantStreamDelta(tenant, -1);
+  }
 }
 
 EchoKvService::Unary* EchoKvService::GetServerInfo(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,

@@ -472,6 +472,7 @@ TEST(QuotaTest, StreamsPerTenant) {
   EXPECT_EQ(second.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << second.error_message();
   EXPECT_THAT(second.error_message(), HasSubstr("max_streams (1 for tenant 'alice')"));
   EXPECT_TRUE(GenerateAll(stub.get(), "tokB", b, 4).ok());
+  EXPECT_THAT(s.Metrics(), HasSubstr("echokv_tenant_streams_in_flight{tenant=\"alice\"} 1"));
   held_ctx->TryCancel();
   pb::GenerateResponse rest;
   while (held->Read(&rest)) {
