@@ -91,6 +91,7 @@ absl::StatusOr<ServerProcess> StartServer(const std::string& binary, const std::
   server.log_path = dir + "/server.log";
   std::vector<std::string> args = {binary,
                                    "--model=" + model,
+                                   "--insecure",  // loopback benchmark: no tokens
                                    "--host=127.0.0.1",
                                    "--port=0",
                                    "--metrics_port=-1",

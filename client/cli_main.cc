@@ -4,6 +4,7 @@
 //   echokv-cli create --file story.txt --policy echokv --budget 64      # progress on stderr
 //   echokv-cli generate SESSION --max-tokens 64                         # streams to stdout
 //   echokv-cli inspect SESSION --positions
+//   echokv-cli --token_file ~/.echokv-token --tls_ca ca.pem --server echokv:50051 list
 //
 // Exit status: 0 on success, 1 when the server returns an error (printed as
 // "CODE: message"), 2 for a usage error. `health` exits 0 only when SERVING.
@@ -44,7 +45,21 @@ constexpr char kDefaultServer[] = "localhost:50051";
 struct Globals {
   std::optional<std::string> server;  // HOST:PORT
   std::optional<double> timeout;      // seconds; per call deadline
+  CredentialFlags credential_flags;   // --token, --token_file, --tls_*
+  Credentials credentials;            // loaded from credential_flags by ParseOrFail
 };
+
+// The global flags, accepted before the command and among its flags.
+void AddGlobalFlags(ArgParser& parser, Globals& globals) {
+  parser.AddString("server", &globals.server, "HOST:PORT of echokv-server");
+  parser.AddDouble("timeout", &globals.timeout, "deadline of each call, seconds");
+  parser.AddString("token", &globals.credential_flags.token,
+                   "bearer token (visible in ps: prefer --token_file or $ECHOKV_TOKEN)");
+  parser.AddString("token-file", &globals.credential_flags.token_file, "file holding the bearer token");
+  parser.AddString("tls-ca", &globals.credential_flags.tls_ca, "PEM CA bundle: connect with TLS");
+  parser.AddString("tls-cert", &globals.credential_flags.tls_cert, "PEM client certificate (mutual TLS)");
+  parser.AddString("tls-key", &globals.credential_flags.tls_key, "PEM private key of --tls_cert");
+}
 
 // A usage error (exit 2) as opposed to an error from the server (exit 1).
 struct UsageError {
@@ -56,13 +71,23 @@ class Cli {
   Cli(const Globals& globals) : globals_(globals) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);  // InspectCache with positions can be large
-    channel_ = grpc::CreateCustomChannel(globals.server.value_or(kDefaultServer),
-                                         grpc::InsecureChannelCredentials(), args);
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (globals.credentials.tls) {
+      grpc::SslCredentialsOptions o;
+      o.pem_root_certs = globals.credentials.root_pem;
+      o.pem_cert_chain = globals.credentials.cert_pem;
+      o.pem_private_key = globals.credentials.key_pem;
+      creds = grpc::SslCredentials(o);
+    }
+    channel_ = grpc::CreateCustomChannel(globals.server.value_or(kDefaultServer), creds, args);
     stub_ = v1::EchoKV::NewStub(channel_);
   }
 
-  // Sets the --timeout deadline (if any) on `context`.
+  // Sets the --timeout deadline (if any) and the bearer token (if any) on `context`.
   void ApplyDeadline(grpc::ClientContext* context) const {
+    if (!globals_.credentials.bearer.empty()) {
+      context->AddMetadata("authorization", "Bearer " + globals_.credentials.bearer);
+    }
     if (globals_.timeout.has_value()) {
       context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(*globals_.timeout)));
     }
@@ -95,8 +120,7 @@ int UsageFail(const std::string& message, const ArgParser& parser) {
 std::optional<int> ParseOrFail(ArgParser& parser, Globals& globals,
                                const std::vector<std::string>& args, size_t num_positional,
                                std::vector<std::string>* positional) {
-  parser.AddString("server", &globals.server, "HOST:PORT of echokv-server");
-  parser.AddDouble("timeout", &globals.timeout, "deadline of each call, seconds");
+  AddGlobalFlags(parser, globals);
   std::optional<bool> help;
   parser.AddBool("help", &help, "this help");
   if (absl::Status s = parser.Parse(args, positional); !s.ok()) {
@@ -106,6 +130,9 @@ std::optional<int> ParseOrFail(ArgParser& parser, Globals& globals,
     std::fputs(parser.Usage().c_str(), stdout);
     return kExitOk;
   }
+  absl::StatusOr<Credentials> creds = LoadCredentials(globals.credential_flags, std::getenv("ECHOKV_TOKEN"));
+  if (!creds.ok()) return UsageFail(std::string(creds.status().message()), parser);
+  globals.credentials = std::move(*creds);
   if (positional->size() != num_positional) {
     return UsageFail(absl::StrCat("expected ", num_positional, " argument(s), got ",
                                   positional->size(),
@@ -499,8 +526,9 @@ const std::map<std::string, std::pair<Command, const char*>>& Commands() {
 
 void PrintUsage(FILE* out) {
   std::fprintf(out,
-               "usage: echokv-cli [--server HOST:PORT] [--timeout SECONDS] COMMAND [flags]\n"
-               "  --server defaults to $ECHOKV_SERVER or %s\n\ncommands:\n",
+               "usage: echokv-cli [--server HOST:PORT] [--timeout SECONDS] [--token T | --token_file F]\n"
+               "                  [--tls_ca CA.pem [--tls_cert C.pem --tls_key C.key]] COMMAND [flags]\n"
+               "  --server defaults to $ECHOKV_SERVER or %s; the token to $ECHOKV_TOKEN\n\ncommands:\n",
                kDefaultServer);
   for (const auto& [name, entry] : Commands()) {
     std::fprintf(out, "  %-9s %s\n", name.c_str(), entry.second);
@@ -517,8 +545,7 @@ int Main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   size_t i = 0;
   ArgParser global_parser("COMMAND");
-  global_parser.AddString("server", &globals.server, "HOST:PORT");
-  global_parser.AddDouble("timeout", &globals.timeout, "seconds");
+  AddGlobalFlags(global_parser, globals);
   while (i < args.size() && args[i].rfind("--", 0) == 0) {
     if (args[i] == "--help" || args[i] == "-h") {
       PrintUsage(stdout);

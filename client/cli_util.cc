@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -359,6 +360,41 @@ absl::StatusOr<std::string> CheckHealth(const std::shared_ptr<grpc::ChannelInter
   grpc::Status status = stub->Check(&context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+}
+
+absl::StatusOr<Credentials> LoadCredentials(const CredentialFlags& flags, const char* env_token) {
+  Credentials c;
+  if (flags.token.has_value() && flags.token_file.has_value()) {
+    return absl::InvalidArgumentError("--token and --token_file: give one of them");
+  }
+  if (flags.token.has_value()) {
+    c.bearer = *flags.token;
+    if (c.bearer.empty()) return absl::InvalidArgumentError("--token: empty");
+  } else if (flags.token_file.has_value()) {
+    absl::StatusOr<std::string> text = ReadFileToString(*flags.token_file);
+    if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("--token_file: ", text.status().message()));
+    c.bearer = std::string(absl::StripAsciiWhitespace(*text));
+    if (c.bearer.empty()) return absl::InvalidArgumentError(absl::StrCat("--token_file: ", *flags.token_file, " is empty"));
+  } else if (env_token != nullptr) {
+    c.bearer = env_token;
+  }
+  if (flags.tls_cert.has_value() != flags.tls_key.has_value()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together (mutual TLS)");
+  }
+  c.tls = flags.tls_ca.has_value() || flags.tls_cert.has_value();
+  const std::pair<const char*, const std::optional<std::string>*> files[] = {
+      {"tls_ca", &flags.tls_ca}, {"tls_cert", &flags.tls_cert}, {"tls_key", &flags.tls_key}};
+  std::string* out[] = {&c.root_pem, &c.cert_pem, &c.key_pem};
+  for (int i = 0; i < 3; ++i) {
+    if (!files[i].second->has_value()) continue;
+    absl::StatusOr<std::string> pem = ReadFileToString(**files[i].second);
+    if (!pem.ok()) return absl::InvalidArgumentError(absl::StrCat("--", files[i].first, ": ", pem.status().message()));
+    if (pem->find("-----BEGIN") == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("--", files[i].first, ": ", **files[i].second, " is not PEM"));
+    }
+    *out[i] = std::move(*pem);
+  }
+  return c;
 }
 
 }  // namespace echokv::client

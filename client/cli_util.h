@@ -107,6 +107,27 @@ class ProgressBar {
   bool line_open_ = false;     // a '\r' line is on screen
 };
 
+// Credentials for a secured server (docs/SECURITY.md): a bearer token (inline, from a
+// file, or $ECHOKV_TOKEN) and TLS (CA bundle; client certificate + key for mTLS).
+struct CredentialFlags {
+  std::optional<std::string> token;       // --token
+  std::optional<std::string> token_file;  // --token_file (trailing newline ignored)
+  std::optional<std::string> tls_ca;      // --tls_ca: PEM roots (default: the system's)
+  std::optional<std::string> tls_cert;    // --tls_cert: client certificate (mTLS)
+  std::optional<std::string> tls_key;     // --tls_key: its private key
+};
+struct Credentials {
+  std::string bearer;     // "" = send no authorization metadata
+  bool tls = false;       // any --tls_* flag
+  std::string root_pem;   // "" = system roots
+  std::string cert_pem;   // mTLS
+  std::string key_pem;
+};
+// Reads the files; INVALID_ARGUMENT naming the flag for conflicts (--token with
+// --token_file, --tls_cert without --tls_key), unreadable or empty files. `env_token`
+// ($ECHOKV_TOKEN) is used when neither token flag is given.
+absl::StatusOr<Credentials> LoadCredentials(const CredentialFlags& flags, const char* env_token);
+
 // grpc.health.v1.Health/Check of `service` ("" = the whole server). Returns the
 // status name ("SERVING", "NOT_SERVING", "SERVICE_UNKNOWN", "UNKNOWN"); errors are
 // the RPC's (UNAVAILABLE when nothing listens, DEADLINE_EXCEEDED, NOT_FOUND for an

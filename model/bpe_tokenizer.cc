@@ -255,7 +255,8 @@ struct MatchScratch {
 };
 
 // Calls emit(piece) for each match of `re` in `subject` and for each gap between
-// matches (HF Split behavior "Isolated"). `subject` must be valid UTF-8.
+// matches (HF Split behavior "Isolated"), in order, until emit returns false.
+// `subject` must be valid UTF-8.
 template <typename Emit>
 absl::Status SplitIsolated(const Regex& re, absl::string_view subject, MatchScratch* scratch,
                            Emit&& emit) {
@@ -287,9 +288,9 @@ absl::Status SplitIsolated(const Regex& re, absl::string_view subject, MatchScra
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(scratch->match_data);
     const size_t s = ov[0], e = ov[1];
-    if (s > last_end) emit(subject.substr(last_end, s - last_end));
+    if (s > last_end && !emit(subject.substr(last_end, s - last_end))) return absl::OkStatus();
     if (e > s) {
-      emit(subject.substr(s, e - s));
+      if (!emit(subject.substr(s, e - s))) return absl::OkStatus();
       offset = e;
     } else {
       if (s >= n) break;
@@ -423,6 +424,8 @@ class BpeTokenizer final : public Tokenizer {
 
   absl::StatusOr<std::vector<int>> Encode(absl::string_view text,
                                           const EncodeOptions& options) const override;
+  absl::StatusOr<BoundedEncoding> EncodeAtMost(absl::string_view text, const EncodeOptions& options,
+                                               int64_t max_tokens) const override;
   absl::StatusOr<std::string> Decode(absl::Span<const int> ids,
                                      const DecodeOptions& options) const override;
   std::string IdToPiece(int id) const override {
@@ -458,7 +461,12 @@ class BpeTokenizer final : public Tokenizer {
   struct EncodeState {
     std::vector<MatchScratch> match;                           // one per PreStep
     std::unordered_map<std::string, std::vector<int>> cache;   // word bytes -> ids
+    int64_t limit = -1;     // stop once the output holds more ids (-1 = never)
+    bool stopped = false;   // the limit was passed: the output is incomplete
   };
+  // Encode, stopping past `limit` ids (-1 = never); *stopped says whether it did.
+  absl::StatusOr<std::vector<int>> EncodeImpl(absl::string_view text, const EncodeOptions& options,
+                                              int64_t limit, bool* stopped) const;
 
   BpeTokenizer() = default;
   absl::Status LoadModel(const json& model);
@@ -498,6 +506,7 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<int> bos_prefix_, eos_suffix_;        // from tokenizer_config add_*_token
   std::optional<int> bos_id_;                       // tokenizer_config bos_token
   std::vector<int> eos_ids_;                        // eos_token + generation_config
+  int64_t max_token_bytes_ = 1;                     // most raw bytes one id covers (>= 1)
 };
 
 absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Create(
@@ -531,6 +540,9 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Create(
   }
   ECHOKV_RETURN_IF_ERROR(tok->LoadPostProcessor(root.value("post_processor", json())));
   ECHOKV_RETURN_IF_ERROR(tok->LoadConfigs(config_json, generation_json));
+  for (const std::string& b : tok->id_to_bytes_) {
+    tok->max_token_bytes_ = std::max<int64_t>(tok->max_token_bytes_, static_cast<int64_t>(b.size()));
+  }
   return tok;
 }
 
@@ -893,55 +905,103 @@ absl::Status BpeTokenizer::LoadConfigs(absl::string_view config_json,
 
 absl::StatusOr<std::vector<int>> BpeTokenizer::Encode(absl::string_view text,
                                                       const EncodeOptions& options) const {
+  bool stopped = false;
+  return EncodeImpl(text, options, -1, &stopped);
+}
+
+absl::StatusOr<BoundedEncoding> BpeTokenizer::EncodeAtMost(absl::string_view text, const EncodeOptions& options,
+                                                           int64_t max_tokens) const {
+  BoundedEncoding out;
+  // Every id covers at most max_token_bytes_ bytes of the normalized text, and NFC
+  // shrinks text at most 3-fold (three 3-byte Hangul jamo compose into one syllable).
+  // Added tokens with lstrip/rstrip may swallow any amount of whitespace, so the bound
+  // holds only when they are not matched.
+  if (!options.parse_special || added_.empty()) {
+    const int64_t at_least = static_cast<int64_t>(text.size()) / (nfc_ ? 3 : 1) / max_token_bytes_;
+    if (at_least > max_tokens) {
+      out.exceeded = true;
+      out.at_least = at_least;
+      return out;
+    }
+  }
+  bool stopped = false;
+  ECHOKV_ASSIGN_OR_RETURN(out.ids, EncodeImpl(text, options, std::max<int64_t>(max_tokens, 0), &stopped));
+  if (stopped || static_cast<int64_t>(out.ids.size()) > max_tokens) {
+    out.exceeded = true;
+    out.at_least = std::max<int64_t>(static_cast<int64_t>(out.ids.size()), max_tokens + 1);
+    out.ids.clear();
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int>> BpeTokenizer::EncodeImpl(absl::string_view text, const EncodeOptions& options,
+                                                          int64_t limit, bool* stopped) const {
   if (const size_t bad = FindInvalidUtf8(text); bad != absl::string_view::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("text to encode is not valid UTF-8 (byte offset ", bad, ")"));
   }
   std::vector<int> out;
-  out.reserve(text.size() / 3 + 4);
+  const size_t guess = text.size() / 3 + 4;
+  out.reserve(limit >= 0 ? std::min<size_t>(guess, static_cast<size_t>(limit) + 4) : guess);
   if (options.add_special_tokens) {
     const std::vector<int>& pre = has_template_ ? template_prefix_ : bos_prefix_;
     out.insert(out.end(), pre.begin(), pre.end());
   }
   EncodeState state;
   state.match.resize(pre_steps_.size());
-  if (!options.parse_special || added_.empty()) {
-    ECHOKV_RETURN_IF_ERROR(EncodeSegment(text, &state, &out));
-  } else {
-    size_t seg_start = 0, i = 0;
-    const size_t n = text.size();
-    while (i < n) {
-      const auto& candidates = added_by_byte_[static_cast<unsigned char>(text[i])];
-      const AddedToken* hit = nullptr;
-      for (int c : candidates) {
-        const AddedToken& t = added_[c];
-        if (text.compare(i, t.content.size(), t.content) == 0) {
-          hit = &t;  // longest first
-          break;
+  state.limit = limit;
+  // The limit counts every id, the specials around the text included.
+  const int64_t suffix = options.add_special_tokens
+                             ? static_cast<int64_t>((has_template_ ? template_suffix_ : eos_suffix_).size())
+                             : 0;
+  if (limit >= 0) state.limit = std::max<int64_t>(limit - suffix, 0);
+  const absl::Status encoded = [&]() -> absl::Status {
+    if (!options.parse_special || added_.empty()) {
+      ECHOKV_RETURN_IF_ERROR(EncodeSegment(text, &state, &out));
+    } else {
+      size_t seg_start = 0, i = 0;
+      const size_t n = text.size();
+      while (i < n) {
+        const auto& candidates = added_by_byte_[static_cast<unsigned char>(text[i])];
+        const AddedToken* hit = nullptr;
+        for (int c : candidates) {
+          const AddedToken& t = added_[c];
+          if (text.compare(i, t.content.size(), t.content) == 0) {
+            hit = &t;  // longest first
+            break;
+          }
         }
+        if (hit == nullptr) {
+          ++i;
+          continue;
+        }
+        size_t start = i, end = i + hit->content.size();
+        const auto is_space = [](char c) {
+          return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+        };
+        if (hit->lstrip) {
+          while (start > seg_start && is_space(text[start - 1])) --start;
+        }
+        if (hit->rstrip) {
+          while (end < n && is_space(text[end])) ++end;
+        }
+        if (start > seg_start) {
+          ECHOKV_RETURN_IF_ERROR(EncodeSegment(text.substr(seg_start, start - seg_start), &state, &out));
+        }
+        out.push_back(hit->id);
+        if (state.limit >= 0 && static_cast<int64_t>(out.size()) > state.limit) {
+          state.stopped = true;
+          return absl::OkStatus();
+        }
+        seg_start = i = end;
       }
-      if (hit == nullptr) {
-        ++i;
-        continue;
-      }
-      size_t start = i, end = i + hit->content.size();
-      const auto is_space = [](char c) {
-        return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-      };
-      if (hit->lstrip) {
-        while (start > seg_start && is_space(text[start - 1])) --start;
-      }
-      if (hit->rstrip) {
-        while (end < n && is_space(text[end])) ++end;
-      }
-      if (start > seg_start) {
-        ECHOKV_RETURN_IF_ERROR(EncodeSegment(text.substr(seg_start, start - seg_start), &state, &out));
-      }
-      out.push_back(hit->id);
-      seg_start = i = end;
+      if (seg_start < n) ECHOKV_RETURN_IF_ERROR(EncodeSegment(text.substr(seg_start), &state, &out));
     }
-    if (seg_start < n) ECHOKV_RETURN_IF_ERROR(EncodeSegment(text.substr(seg_start), &state, &out));
-  }
+    return absl::OkStatus();
+  }();
+  *stopped = state.stopped;
+  if (state.stopped) return out;  // incomplete: the caller only learns it is too long
+  if (!encoded.ok()) return encoded;
   if (options.add_special_tokens) {
     const std::vector<int>& post = has_template_ ? template_suffix_ : eos_suffix_;
     out.insert(out.end(), post.begin(), post.end());
@@ -951,6 +1011,7 @@ absl::StatusOr<std::vector<int>> BpeTokenizer::Encode(absl::string_view text,
 
 absl::Status BpeTokenizer::EncodeSegment(absl::string_view segment, EncodeState* state,
                                          std::vector<int>* out) const {
+  if (state->stopped) return absl::OkStatus();
   if (!nfc_) return PreTokenize(0, segment, state, out);
   ECHOKV_ASSIGN_OR_RETURN(std::string normalized, NfcNormalize(segment));
   return PreTokenize(0, normalized, state, out);
@@ -958,8 +1019,12 @@ absl::Status BpeTokenizer::EncodeSegment(absl::string_view segment, EncodeState*
 
 absl::Status BpeTokenizer::PreTokenize(size_t step, absl::string_view piece, EncodeState* state,
                                        std::vector<int>* out) const {
-  if (piece.empty()) return absl::OkStatus();
-  if (step == pre_steps_.size()) return EncodeWord(piece, state, out);
+  if (piece.empty() || state->stopped) return absl::OkStatus();
+  if (step == pre_steps_.size()) {
+    ECHOKV_RETURN_IF_ERROR(EncodeWord(piece, state, out));
+    if (state->limit >= 0 && static_cast<int64_t>(out->size()) > state->limit) state->stopped = true;
+    return absl::OkStatus();
+  }
   const PreStep& s = pre_steps_[step];
   std::string with_space;
   if (s.byte_level && s.add_prefix_space && piece.front() != ' ') {
@@ -971,6 +1036,7 @@ absl::Status BpeTokenizer::PreTokenize(size_t step, absl::string_view piece, Enc
   ECHOKV_RETURN_IF_ERROR(SplitIsolated(*s.regex, piece, &state->match[step],
                                        [&](absl::string_view sub) {
                                          if (status.ok()) status = PreTokenize(step + 1, sub, state, out);
+                                         return status.ok() && !state->stopped;  // false: stop scanning
                                        }));
   return status;
 }

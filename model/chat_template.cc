@@ -1,6 +1,7 @@
 #include "model/chat_template.h"
 
 #include <algorithm>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -435,23 +436,41 @@ absl::StatusOr<ChatTemplate> LoadChatTemplate(const std::string& dir, const std:
   return absl::Status(t.status().code(), absl::StrCat(dir, ": ", t.status().message()));
 }
 
-absl::StatusOr<std::vector<int>> EncodeRenderedChat(absl::string_view rendered, const Tokenizer& tokenizer) {
+absl::StatusOr<BoundedEncoding> EncodeRenderedChatAtMost(absl::string_view rendered, const Tokenizer& tokenizer,
+                                                         int64_t max_tokens) {
   EncodeOptions plain;
   plain.add_special_tokens = false;
   if (tokenizer.kind() != "sentencepiece") {
     plain.parse_special = true;
-    return tokenizer.Encode(rendered, plain);
+    return tokenizer.EncodeAtMost(rendered, plain, max_tokens);
   }
   plain.parse_special = false;
   const std::vector<std::pair<std::string, int>> specials = SpecialPieces(tokenizer);
-  std::vector<int> ids;
+  BoundedEncoding out;
+  std::vector<int>& ids = out.ids;
   size_t chunk_start = 0, i = 0;
+  // Encodes rendered[chunk_start, end) within what is left of the budget.
   const auto flush = [&](size_t end) -> absl::Status {
     if (end > chunk_start) {
-      ECHOKV_ASSIGN_OR_RETURN(std::vector<int> part, tokenizer.Encode(rendered.substr(chunk_start, end - chunk_start), plain));
-      ids.insert(ids.end(), part.begin(), part.end());
+      const int64_t left = std::max<int64_t>(max_tokens - static_cast<int64_t>(ids.size()), -1);
+      ECHOKV_ASSIGN_OR_RETURN(BoundedEncoding part,
+                              tokenizer.EncodeAtMost(rendered.substr(chunk_start, end - chunk_start), plain, left));
+      if (part.exceeded) {
+        out.exceeded = true;
+        out.at_least = static_cast<int64_t>(ids.size()) + part.at_least;
+        return absl::OkStatus();
+      }
+      ids.insert(ids.end(), part.ids.begin(), part.ids.end());
     }
     return absl::OkStatus();
+  };
+  const auto over = [&] {
+    if (!out.exceeded && static_cast<int64_t>(ids.size()) > max_tokens) {
+      out.exceeded = true;
+      out.at_least = static_cast<int64_t>(ids.size());
+    }
+    if (out.exceeded) ids.clear();
+    return out.exceeded;
   };
   while (i < rendered.size()) {
     const std::pair<std::string, int>* hit = nullptr;
@@ -466,12 +485,21 @@ absl::StatusOr<std::vector<int>> EncodeRenderedChat(absl::string_view rendered, 
       continue;
     }
     ECHOKV_RETURN_IF_ERROR(flush(i));
+    if (over()) return out;
     ids.push_back(hit->second);
+    if (over()) return out;
     i += hit->first.size();
     chunk_start = i;
   }
   ECHOKV_RETURN_IF_ERROR(flush(rendered.size()));
-  return ids;
+  over();
+  return out;
+}
+
+absl::StatusOr<std::vector<int>> EncodeRenderedChat(absl::string_view rendered, const Tokenizer& tokenizer) {
+  ECHOKV_ASSIGN_OR_RETURN(BoundedEncoding enc,
+                          EncodeRenderedChatAtMost(rendered, tokenizer, std::numeric_limits<int64_t>::max() - 1));
+  return std::move(enc.ids);
 }
 
 absl::StatusOr<int> SpecialTokenId(absl::string_view text, const Tokenizer& tokenizer) {
@@ -504,6 +532,13 @@ absl::StatusOr<std::vector<int>> EncodeChat(const ChatTemplate& tmpl, const std:
                                             bool add_generation_prompt, const Tokenizer& tokenizer) {
   ECHOKV_ASSIGN_OR_RETURN(std::string text, tmpl.Render(messages, add_generation_prompt));
   return EncodeRenderedChat(text, tokenizer);
+}
+
+absl::StatusOr<BoundedEncoding> EncodeChatAtMost(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
+                                                 bool add_generation_prompt, const Tokenizer& tokenizer,
+                                                 int64_t max_tokens) {
+  ECHOKV_ASSIGN_OR_RETURN(std::string text, tmpl.Render(messages, add_generation_prompt));
+  return EncodeRenderedChatAtMost(text, tokenizer, max_tokens);
 }
 
 }  // namespace echokv::model

@@ -154,6 +154,10 @@ absl::StatusOr<ChatTemplate> LoadChatTemplate(const std::string& dir,
 
 // Token ids of a rendered conversation (see "Tokenization" above).
 absl::StatusOr<std::vector<int>> EncodeRenderedChat(absl::string_view rendered, const Tokenizer& tokenizer);
+// The same with bounded work (Tokenizer::EncodeAtMost): exactly EncodeRenderedChat's
+// ids when they fit in `max_tokens`, else `exceeded` after about max_tokens ids.
+absl::StatusOr<BoundedEncoding> EncodeRenderedChatAtMost(absl::string_view rendered, const Tokenizer& tokenizer,
+                                                         int64_t max_tokens);
 
 // The id of one special token given by its text ("<|eot_id|>", "</s>");
 // InvalidArgument when the tokenizer has no such single special token.
@@ -167,6 +171,10 @@ std::vector<int> EndOfTurnIds(const ChatTemplate& tmpl, const Tokenizer& tokeniz
 // status unchanged.
 absl::StatusOr<std::vector<int>> EncodeChat(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
                                             bool add_generation_prompt, const Tokenizer& tokenizer);
+// Render + EncodeRenderedChatAtMost (untrusted input: the server).
+absl::StatusOr<BoundedEncoding> EncodeChatAtMost(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
+                                                 bool add_generation_prompt, const Tokenizer& tokenizer,
+                                                 int64_t max_tokens);
 
 }  // namespace echokv::model
 

@@ -213,10 +213,108 @@ absl::StatusOr<TokenizerConfig> ReadTokenizerConfig(const std::string& dir) {
   return config;
 }
 
+// The few fields of tokenizer.model (a serialized sentencepiece.ModelProto) that
+// decide whether a text may be encoded in pieces (EncodeAtMost). Read with a minimal
+// wire-format reader: the module's protobuf types are not visible here.
+struct SpmSpecs {
+  bool valid = false;               // the file parsed
+  std::string normalizer;           // normalizer_spec.name
+  bool has_charsmap = false;        // normalizer_spec.precompiled_charsmap non-empty
+  bool add_dummy_prefix = true;     // normalizer_spec 3
+  bool remove_extra_whitespaces = true;  // normalizer_spec 4
+  bool escape_whitespaces = true;   // normalizer_spec 5
+  bool split_by_whitespace = true;  // trainer_spec 22
+  bool treat_whitespace_as_suffix = false;  // trainer_spec 24
+  bool byte_fallback = false;       // trainer_spec 35
+};
+
+// Reads a varint at *p (< end); false when truncated.
+bool ReadVarint(const unsigned char** p, const unsigned char* end, uint64_t* out) {
+  uint64_t v = 0;
+  for (int shift = 0; shift < 64 && *p < end; shift += 7) {
+    const unsigned char b = *(*p)++;
+    v |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if ((b & 0x80) == 0) {
+      *out = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Calls field(number, wire_type, varint, bytes) for each field of one message.
+template <typename Fn>
+bool ForEachField(absl::string_view msg, Fn&& field) {
+  const auto* p = reinterpret_cast<const unsigned char*>(msg.data());
+  const auto* end = p + msg.size();
+  while (p < end) {
+    uint64_t tag = 0, v = 0;
+    if (!ReadVarint(&p, end, &tag)) return false;
+    const int number = static_cast<int>(tag >> 3);
+    switch (tag & 7) {
+      case 0:
+        if (!ReadVarint(&p, end, &v)) return false;
+        field(number, 0, v, absl::string_view());
+        break;
+      case 1:
+        if (end - p < 8) return false;
+        p += 8;
+        break;
+      case 2: {
+        if (!ReadVarint(&p, end, &v) || v > static_cast<uint64_t>(end - p)) return false;
+        field(number, 2, 0, absl::string_view(reinterpret_cast<const char*>(p), v));
+        p += v;
+        break;
+      }
+      case 5:
+        if (end - p < 4) return false;
+        p += 4;
+        break;
+      default:
+        return false;  // groups do not occur in ModelProto
+    }
+  }
+  return true;
+}
+
+SpmSpecs ReadSpmSpecs(const std::string& path) {
+  SpmSpecs specs;
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string model = buffer.str();
+  bool ok = true;  // every nested message parsed
+  const bool top = ForEachField(model, [&](int n, int type, uint64_t, absl::string_view bytes) {
+    if (type != 2) return;
+    if (n == 2) {  // trainer_spec
+      ok = ok && ForEachField(bytes, [&](int f, int t, uint64_t v, absl::string_view) {
+             if (t != 0) return;
+             if (f == 22) specs.split_by_whitespace = v != 0;
+             if (f == 24) specs.treat_whitespace_as_suffix = v != 0;
+             if (f == 35) specs.byte_fallback = v != 0;
+           });
+    } else if (n == 3) {  // normalizer_spec
+      ok = ok && ForEachField(bytes, [&](int f, int t, uint64_t v, absl::string_view b) {
+             if (f == 1 && t == 2) specs.normalizer = std::string(b);
+             if (f == 2 && t == 2) specs.has_charsmap = !b.empty();
+             if (t != 0) return;
+             if (f == 3) specs.add_dummy_prefix = v != 0;
+             if (f == 4) specs.remove_extra_whitespaces = v != 0;
+             if (f == 5) specs.escape_whitespaces = v != 0;
+           });
+    }
+  });
+  specs.valid = top && ok && !model.empty();
+  return specs;
+}
+
+constexpr char kSpaceSymbol[] = "\xe2\x96\x81";  // U+2581, SentencePiece's escaped space
+
 class SentencePieceTokenizer : public Tokenizer {
  public:
-  SentencePieceTokenizer(const SpmApi* api, EchokvSpm* spm, TokenizerConfig config)
-      : api_(api), spm_(spm), config_(std::move(config)) {
+  SentencePieceTokenizer(const SpmApi* api, EchokvSpm* spm, TokenizerConfig config, SpmSpecs specs,
+                         size_t chunk_bytes)
+      : api_(api), spm_(spm), config_(std::move(config)), specs_(std::move(specs)), chunk_bytes_(chunk_bytes) {
     vocab_size_ = api_->piece_size(spm_);
     const int unk = api_->unk_id(spm_);
     int bos = api_->bos_id(spm_);
@@ -234,6 +332,27 @@ class SentencePieceTokenizer : public Tokenizer {
         eos_ids_.push_back(id);
       }
     }
+    // Pieces may be encoded chunk by chunk, cut at a single space between two words,
+    // exactly when no word-crossing can happen (docs/SECURITY.md "Bounded
+    // tokenization"): no character mapping (identity, no charsmap), spaces escaped to
+    // U+2581 and split on (a word starts at the first U+2581 after a non-U+2581), no
+    // vocabulary piece holds U+2581 after another character (so no piece spans a word
+    // boundary, for BPE merges and unigram lattices alike), U+2581 itself is a piece
+    // (unknowns never merge across), and a cut space can be re-created by the dummy
+    // prefix or is kept verbatim.
+    chunkable_ = specs_.valid && specs_.normalizer == "identity" && !specs_.has_charsmap &&
+                 specs_.escape_whitespaces && specs_.split_by_whitespace && !specs_.treat_whitespace_as_suffix &&
+                 (specs_.add_dummy_prefix || !specs_.remove_extra_whitespaces) && PieceToId(kSpaceSymbol) != unk;
+    for (int id = 0; id < vocab_size_ && chunkable_; ++id) {
+      const std::string piece = IdToPiece(id);
+      max_piece_bytes_ = std::max<int64_t>(max_piece_bytes_, static_cast<int64_t>(piece.size()));
+      // U+2581 is allowed only in a leading run ("▁▁a"), never after another character.
+      size_t lead = 0;
+      while (piece.compare(lead, 3, kSpaceSymbol) == 0) lead += 3;
+      if (piece.find(kSpaceSymbol, lead) != std::string::npos) chunkable_ = false;
+    }
+    // <0xNN> byte pieces are 6 characters but cover one byte; the longest piece bounds
+    // the bytes one id covers either way.
   }
   ~SentencePieceTokenizer() override { api_->destroy(spm_); }
   SentencePieceTokenizer(const SentencePieceTokenizer&) = delete;
@@ -256,6 +375,47 @@ class SentencePieceTokenizer : public Tokenizer {
       ids.push_back(eos_ids_.front());
     }
     return ids;
+  }
+
+  absl::StatusOr<BoundedEncoding> EncodeAtMost(absl::string_view text, const EncodeOptions& options,
+                                               int64_t max_tokens) const override {
+    if (!chunkable_) return Tokenizer::EncodeAtMost(text, options, max_tokens);
+    const bool add_bos = options.add_special_tokens && config_.add_bos && bos_id_.has_value();
+    const bool add_eos = options.add_special_tokens && config_.add_eos && !eos_ids_.empty();
+    const int64_t specials = (add_bos ? 1 : 0) + (add_eos ? 1 : 0);
+    BoundedEncoding out;
+    auto exceeded = [&](int64_t at_least) {
+      out.ids.clear();
+      out.exceeded = true;
+      out.at_least = at_least;
+      return out;
+    };
+    // With byte fallback every byte of the (identity-)normalized text is covered by a
+    // piece of at most max_piece_bytes_ bytes, and normalization never drops a
+    // non-space byte: a lower bound without encoding anything.
+    if (specs_.byte_fallback) {
+      const int64_t non_space = static_cast<int64_t>(text.size() - std::count(text.begin(), text.end(), ' '));
+      const int64_t at_least = non_space / std::max<int64_t>(max_piece_bytes_, 1) + specials;
+      if (at_least > max_tokens) return exceeded(at_least);
+    }
+    if (add_bos) out.ids.push_back(*bos_id_);
+    const size_t n = text.size();
+    size_t pos = 0;
+    while (pos < n) {
+      size_t end = NextCut(text, pos + chunk_bytes_);
+      absl::string_view chunk = text.substr(pos, end - pos);
+      // A later chunk starts with the space of its first word, re-created by the dummy
+      // prefix.
+      if (pos > 0 && specs_.add_dummy_prefix) chunk.remove_prefix(1);
+      ECHOKV_RETURN_IF_ERROR(AppendRaw(chunk, &out.ids));
+      if (static_cast<int64_t>(out.ids.size()) + (add_eos ? 1 : 0) > max_tokens) {
+        return exceeded(static_cast<int64_t>(out.ids.size()) + (add_eos ? 1 : 0));
+      }
+      pos = end;
+    }
+    if (add_eos) out.ids.push_back(eos_ids_.front());
+    if (static_cast<int64_t>(out.ids.size()) > max_tokens) return exceeded(static_cast<int64_t>(out.ids.size()));
+    return out;
   }
 
   absl::StatusOr<std::string> Decode(absl::Span<const int> ids,
@@ -297,9 +457,43 @@ class SentencePieceTokenizer : public Tokenizer {
     return api_->piece_to_id(spm_, piece.data(), piece.size());
   }
 
+  // The first cut at or after `from`: a single space between two characters that are
+  // neither a space nor U+2581 (which SentencePiece treats like a space);
+  // text.size() when there is none. Cutting there splits the normalized text exactly
+  // at a word boundary, and the space is re-created by the dummy prefix (or kept).
+  static size_t NextCut(absl::string_view text, size_t from) {
+    const size_t n = text.size();
+    auto spacelike_ends_at = [&](size_t i) {  // text[..i) ends with ' ' or U+2581
+      return text[i - 1] == ' ' || (i >= 3 && text.compare(i - 3, 3, kSpaceSymbol) == 0);
+    };
+    auto spacelike_starts_at = [&](size_t i) {
+      return text[i] == ' ' || text.compare(i, 3, kSpaceSymbol) == 0;
+    };
+    for (size_t i = std::max<size_t>(from, 1); i + 1 < n; ++i) {
+      if (text[i] == ' ' && !spacelike_ends_at(i) && !spacelike_starts_at(i + 1)) return i;
+    }
+    return n;
+  }
+
+  // Appends the plain SentencePiece encoding of `text` (no BOS/EOS).
+  absl::Status AppendRaw(absl::string_view text, std::vector<int>* ids) const {
+    int* raw = nullptr;
+    size_t n = 0;
+    if (char* error = api_->encode(spm_, text.data(), text.size(), &raw, &n)) {
+      return ModuleError(*api_, error, absl::StatusCode::kInvalidArgument, "Encode");
+    }
+    if (raw != nullptr) ids->insert(ids->end(), raw, raw + n);
+    api_->free_fn(raw);
+    return absl::OkStatus();
+  }
+
   const SpmApi* api_;           // process-wide module API
   EchokvSpm* spm_;              // owned; released with api_->destroy
   TokenizerConfig config_;      // from tokenizer_config.json (defaults when absent)
+  SpmSpecs specs_;              // normalizer / trainer flags of tokenizer.model
+  size_t chunk_bytes_;          // EncodeAtMost: bytes per chunk (at least)
+  bool chunkable_ = false;      // EncodeAtMost may cut the text (see the constructor)
+  int64_t max_piece_bytes_ = 1; // longest piece string (bytes one id covers at most)
   int vocab_size_ = 0;          // number of pieces
   std::optional<int> bos_id_;   // model's BOS (or bos_token's piece), if any
   std::vector<int> eos_ids_;    // model's EOS, then eos_token's piece when different
@@ -308,6 +502,11 @@ class SentencePieceTokenizer : public Tokenizer {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std::string& dir) {
+  return LoadSentencePieceTokenizer(dir, SentencePieceOptions{});
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std::string& dir,
+                                                                      const SentencePieceOptions& options) {
   const std::string path = dir + "/tokenizer.model";
   if (!FileExists(path)) {
     return absl::NotFoundError(absl::StrCat("no SentencePiece model: ", path, " not found"));
@@ -320,7 +519,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std:
     return ModuleError(*api, error, absl::StatusCode::kInvalidArgument,
                        absl::StrCat("cannot load ", path));
   }
-  return std::unique_ptr<Tokenizer>(new SentencePieceTokenizer(api, spm, std::move(config)));
+  return std::unique_ptr<Tokenizer>(new SentencePieceTokenizer(api, spm, std::move(config), ReadSpmSpecs(path),
+                                                               std::max<size_t>(options.encode_chunk_bytes, 1)));
 }
 
 absl::Status TrainSentencePiece(const std::string& args) {

@@ -55,6 +55,17 @@ bool StartsWith(absl::string_view text, absl::string_view prefix) {
 
 }  // namespace
 
+absl::StatusOr<BoundedEncoding> Tokenizer::EncodeAtMost(absl::string_view text, const EncodeOptions& options,
+                                                        int64_t max_tokens) const {
+  absl::StatusOr<std::vector<int>> ids = Encode(text, options);
+  if (!ids.ok()) return ids.status();
+  BoundedEncoding out;
+  out.exceeded = static_cast<int64_t>(ids->size()) > max_tokens;
+  out.at_least = static_cast<int64_t>(ids->size());
+  out.ids = std::move(*ids);
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& dir) {
   if (IsByteLevelBpeDir(dir)) return LoadBpeTokenizer(dir);
   const std::string spm_path = dir + "/tokenizer.model";

@@ -9,6 +9,7 @@
 #ifndef ECHOKV_MODEL_TOKENIZER_H_
 #define ECHOKV_MODEL_TOKENIZER_H_
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +32,14 @@ struct EncodeOptions {
   bool parse_special = true;
 };
 
+// The result of Tokenizer::EncodeAtMost.
+struct BoundedEncoding {
+  // !exceeded: exactly Encode(text, options). exceeded: unspecified (work stopped).
+  std::vector<int> ids;
+  bool exceeded = false;  // the encoding has more than max_tokens ids
+  int64_t at_least = 0;   // exceeded: a lower bound (> max_tokens) on its length
+};
+
 struct DecodeOptions {
   bool skip_special_tokens = false;
 };
@@ -41,6 +50,13 @@ class Tokenizer {
 
   virtual absl::StatusOr<std::vector<int>> Encode(absl::string_view text,
                                                   const EncodeOptions& options = {}) const = 0;
+  // Encode with bounded work for untrusted input: stops as soon as the result is known
+  // to exceed `max_tokens` ids (a lower bound from the text's size, or the pieces
+  // encoded so far), so a huge text costs about as much as max_tokens tokens. When the
+  // encoding fits, the ids are exactly Encode's (tests prove it per implementation).
+  // The default encodes in full and compares.
+  virtual absl::StatusOr<BoundedEncoding> EncodeAtMost(absl::string_view text, const EncodeOptions& options,
+                                                       int64_t max_tokens) const;
   // Ids outside [0, vocab_size) -> InvalidArgument naming the id. Invalid UTF-8 from
   // byte tokens decodes to U+FFFD, as the reference implementations do.
   virtual absl::StatusOr<std::string> Decode(absl::Span<const int> ids,

@@ -50,7 +50,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 echo "== starting echokv-server on $MODEL" >&2
-"$BIN/echokv-server" --model "$MODEL" --host 127.0.0.1 --port 0 --metrics-port 0 \
+"$BIN/echokv-server" --model "$MODEL" --insecure --host 127.0.0.1 --port 0 --metrics-port 0 \
   --port-file "$WORK/ports" >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!
 for _ in $(seq 1 600); do  # up to 60 s to load the model

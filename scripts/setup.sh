@@ -11,7 +11,7 @@ PACKAGES=(
   libtorch-dev libopenblas0-pthread
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev prometheus-cpp-dev libcpp-httplib-dev libsentencepiece-dev nlohmann-json3-dev
-  libutf8proc-dev libpcre2-dev libgoogle-glog-dev libxxhash-dev
+  libutf8proc-dev libpcre2-dev libgoogle-glog-dev libxxhash-dev libssl-dev openssl curl
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus python3 python3-grpcio python3-protobuf python3-xxhash python3-jinja2 gnuplot-nox
   golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev

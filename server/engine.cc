@@ -143,7 +143,6 @@ class Engine::Impl {
   std::optional<model::ChatTemplate> chat;  // unset: chat input unsupported
   std::string chat_error;                   // why chat is unsupported
   int64_t bytes_per_token = 0;              // full-cache KV bytes of one token
-  int64_t max_piece_bytes = 0;              // longest vocabulary piece (early size bound)
   std::vector<int> eos_ids;                 // the tokenizer's and the model's
   std::unique_ptr<SessionStore> store;
   std::unique_ptr<Scheduler> scheduler;
@@ -374,17 +373,13 @@ absl::StatusOr<std::vector<int>> Engine::Impl::Tokenize(const InputSpec& input, 
       return absl::InvalidArgumentError("input: one of text, tokens or chat is required");
     case InputSpec::Kind::kText: {
       if (input.text.empty()) return absl::InvalidArgumentError("input.text: empty");
-      // A byte-level BPE token covers at most its piece's bytes (NFC composition at most
-      // halves them), so a text this long cannot fit: refuse it before tokenizing.
-      // TODO(#12): stop tokenization itself at the limit for every tokenizer.
-      if (tokenizer->kind() == "bpe" && max_piece_bytes > 0) {
-        const int64_t at_least = static_cast<int64_t>(input.text.size()) / (2 * max_piece_bytes);
-        if (at_least > max_tokens) return too_long(at_least, true);
-      }
       model::EncodeOptions eo;
       eo.add_special_tokens = input.add_special_tokens.value_or(default_special);
       eo.parse_special = false;  // user text: special-token strings stay plain text
-      ECHOKV_ASSIGN_OR_RETURN(ids, tokenizer->Encode(input.text, eo));
+      // Bounded work: tokenization stops as soon as the text cannot fit (#12).
+      ECHOKV_ASSIGN_OR_RETURN(model::BoundedEncoding enc, tokenizer->EncodeAtMost(input.text, eo, max_tokens));
+      if (enc.exceeded) return too_long(enc.at_least, true);
+      ids = std::move(enc.ids);
       break;
     }
     case InputSpec::Kind::kTokens: {
@@ -1375,9 +1370,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithModel(const EngineConf
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("cache shape: ", e.what()));
   }
-  for (int id = 0; id < impl->tokenizer->vocab_size(); ++id) {
-    impl->max_piece_bytes = std::max<int64_t>(impl->max_piece_bytes, impl->tokenizer->IdToPiece(id).size());
-  }
   impl->eos_ids = impl->tokenizer->eos_ids();
   for (int id : mc.eos_token_ids) {
     if (std::find(impl->eos_ids.begin(), impl->eos_ids.end(), id) == impl->eos_ids.end()) impl->eos_ids.push_back(id);
@@ -1917,6 +1909,10 @@ void Engine::SessionTokens(Caller caller, std::string session_id, DoneFn<std::ve
 }
 
 StoreTotals Engine::Totals() const { return impl_->store->Totals(); }
+
+void Engine::SetTenantQuotas(absl::flat_hash_map<std::string, TenantQuota> quotas) {
+  impl_->store->SetTenantQuotas(std::move(quotas));
+}
 
 void Engine::Wake() {
   absl::MutexLock lock(&impl_->mu);

@@ -316,6 +316,9 @@ class Engine {
 
   // Live totals (thread-safe, no engine round trip).
   StoreTotals Totals() const;
+  // Each tenant's own quotas (sessions, hot and cold bytes; the tokens file), replacing
+  // the previous ones; thread-safe. Tenants without an entry have none.
+  void SetTenantQuotas(absl::flat_hash_map<std::string, TenantQuota> quotas);
   // Wakes the engine thread (a stream's reader caught up).
   void Wake();
   EngineHealth Health() const;

@@ -2,11 +2,16 @@
 
 #include <httplib.h>
 
+#include <string>
+
 namespace echokv::server {
 
-absl::StatusOr<Caller> CallerFromHttp(const httplib::Request& request) {
-  (void)request;  // TODO(#12): the bearer token in request.get_header_value("Authorization")
-  return Caller{};
+absl::StatusOr<Caller> CallerFromHttp(const httplib::Request& request, const TokenStore* tokens) {
+  if (tokens == nullptr) return Caller{};
+  const std::string header = request.get_header_value("Authorization");
+  absl::StatusOr<AuthResult> who = tokens->VerifyAuthorization(header);
+  if (!who.ok()) return who.status();
+  return Caller{who->tenant};
 }
 
 }  // namespace echokv::server

@@ -1,16 +1,16 @@
 // Who is calling over HTTP: the one place where an HTTP request becomes a Caller (the
-// HTTP twin of the gRPC service's CallerOf). Today the server runs open: every request
-// is Caller{} (tenant ""). TODO(#12): read `Authorization: Bearer <token>` and return
-// the token's tenant, UNAUTHENTICATED (-> 401) for a missing/unknown token and
-// PERMISSION_DENIED (-> 403) for a token without access; the API maps the status with
-// ToHttpError and never runs the request.
+// HTTP twin of the gRPC service's CallerFromGrpc, server/grpc_auth.h). The
+// `Authorization: Bearer <token>` header is verified with the same TokenStore as the
+// gRPC door (server/auth.h): UNAUTHENTICATED (-> 401) for a missing, malformed or
+// unknown token; the API maps the status with ToHttpError and never runs the request.
 //
-//   absl::StatusOr<Caller> caller = CallerFromHttp(req);
+//   absl::StatusOr<Caller> caller = CallerFromHttp(req, tokens);   // tokens null: open
 //   if (!caller.ok()) return Reply(res, ToHttpError(caller.status()));
 #ifndef ECHOKV_SERVER_HTTP_AUTH_H_
 #define ECHOKV_SERVER_HTTP_AUTH_H_
 
 #include "absl/status/statusor.h"
+#include "server/auth.h"
 #include "server/engine.h"
 
 namespace httplib {
@@ -19,7 +19,8 @@ struct Request;
 
 namespace echokv::server {
 
-absl::StatusOr<Caller> CallerFromHttp(const httplib::Request& request);
+// Caller{""} when `tokens` is null (--insecure); else the bearer token's tenant.
+absl::StatusOr<Caller> CallerFromHttp(const httplib::Request& request, const TokenStore* tokens);
 
 }  // namespace echokv::server
 

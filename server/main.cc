@@ -1,20 +1,27 @@
 // echokv-server: loads one model and serves echokv.v1.EchoKV (gRPC, callback API),
-// grpc.health.v1.Health, server reflection, Prometheus metrics and (with --http_port)
-// the OpenAI-compatible HTTP API.
+// grpc.health.v1.Health, Prometheus metrics, (with --http_port) the OpenAI-compatible
+// HTTP API and (with --reflection) server reflection.
 //
-//   echokv-server --model /models/stories260K --port 50051 --metrics-port 9090 --http-port 8080
-//   echokv-server --model DIR --host 127.0.0.1 --port 0 --http-port 0 --port-file /tmp/ports
+//   echokv-server --model /models/stories260K --auth-tokens-file /etc/echokv/tokens \
+//       --tls-cert server.pem --tls-key server.key [--tls-client-ca clients.pem] --http-port 8080
+//   echokv-server --model DIR --insecure --host 127.0.0.1 --port 0 --http-port 0 --port-file /tmp/ports
 //     (port 0 picks a free port; the port file gets "GRPC_PORT\nMETRICS_PORT\nHTTP_PORT\n",
 //     0 for a door that is off)
 //
-// SIGTERM / SIGINT: health -> NOT_SERVING, stop accepting, let in-flight calls finish
-// until --shutdown-grace, then cancel what is left; exit 0. A second signal cancels
-// at once. Signals are taken by sigwait on the main thread, never in a handler.
+// Without --auth_tokens_file the server refuses to start unless --insecure is given
+// (docs/SECURITY.md). SIGHUP re-reads the tokens file (running calls go on); the TLS
+// files are re-read every --tls_refresh_interval. SIGTERM / SIGINT: health ->
+// NOT_SERVING, stop accepting, let in-flight calls finish until --shutdown-grace, then
+// cancel what is left; exit 0. A second signal cancels at once. Signals are taken by
+// sigwait on the main thread, never in a handler.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
+#include <grpcpp/impl/server_builder_plugin.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -35,10 +42,13 @@
 #include "common/flag_names.h"
 #include "common/logging.h"
 #include "compression/config.h"
+#include "server/auth.h"
 #include "server/engine.h"
+#include "server/grpc_auth.h"
 #include "server/metrics.h"
 #include "server/openai_server.h"
 #include "server/service.h"
+#include "server/stream_slots.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (Hugging Face layout); default $ECHOKV_MODEL");
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to serve gRPC on");
@@ -108,9 +118,42 @@ ABSL_FLAG(int, max_concurrent_streams, 64, "Streaming calls (and Compress) in fl
 ABSL_FLAG(int64_t, max_request_bytes, int64_t{4} << 20, "Input bytes of one request (before tokenizing)");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
           "On SIGTERM/SIGINT: how long in-flight calls may run before they are cancelled");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "Tenants and the SHA-256 of their bearer tokens, one per line (docs/SECURITY.md); re-read on SIGHUP. "
+          "Required unless --insecure");
+ABSL_FLAG(bool, insecure, false, "Serve without authentication (no --auth_tokens_file): anyone who can connect "
+          "may use every session");
+ABSL_FLAG(bool, reflection, false, "Serve gRPC server reflection");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require client certificates signed by it (mutual TLS)");
+ABSL_FLAG(absl::Duration, tls_refresh_interval, absl::Seconds(60),
+          "How often the TLS files are re-read (new certificates apply to new connections)");
+ABSL_FLAG(int, max_streams_per_connection, 100, "HTTP/2 concurrent streams one connection may open");
+ABSL_FLAG(absl::Duration, max_connection_idle, absl::Hours(1),
+          "Close a connection without calls for this long (GOAWAY; clients reconnect); 0 = never");
+ABSL_FLAG(absl::Duration, max_connection_age, absl::ZeroDuration(),
+          "Close connections this old (GOAWAY, then --max_connection_age_grace for running calls); 0 = never");
+ABSL_FLAG(absl::Duration, max_connection_age_grace, absl::Minutes(5),
+          "With --max_connection_age: how long running calls may finish before the connection is cut");
 
 namespace echokv::server {
 namespace {
+
+// Linking grpc++_reflection registers its plugin with every ServerBuilder at static
+// initialization; this option takes it out again unless --reflection.
+class WithoutReflection : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
+                                    return p->name() == "proto_server_reflection";
+                                  }),
+                   plugins->end());
+  }
+};
 
 absl::StatusOr<EngineConfig> ConfigFromFlags() {
   EngineConfig c;
@@ -170,11 +213,45 @@ int Run() {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   absl::StatusOr<EngineConfig> config = ConfigFromFlags();
   if (!config.ok()) {
     ECHOKV_LOG(ERROR) << config.status().message();
+    return 2;
+  }
+  // Authentication: a tokens file, or an explicit --insecure; never silently open.
+  std::unique_ptr<TokenStore> tokens;
+  const std::string tokens_path = absl::GetFlag(FLAGS_auth_tokens_file);
+  if (!tokens_path.empty() && absl::GetFlag(FLAGS_insecure)) {
+    ECHOKV_LOG(ERROR) << "--auth_tokens_file and --insecure contradict each other: choose one";
+    return 2;
+  }
+  if (tokens_path.empty() && !absl::GetFlag(FLAGS_insecure)) {
+    ECHOKV_LOG(ERROR) << "refusing to start without authentication: pass --auth_tokens_file=FILE (docs/SECURITY.md) "
+                         "or, to serve without any access control, --insecure";
+    return 2;
+  }
+  if (!tokens_path.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenStore>> loaded = TokenStore::Load(tokens_path);
+    if (!loaded.ok()) {
+      ECHOKV_LOG(ERROR) << loaded.status().message();
+      return 2;
+    }
+    tokens = std::move(*loaded);
+  }
+  TlsFiles tls;
+  tls.cert = absl::GetFlag(FLAGS_tls_cert);
+  tls.key = absl::GetFlag(FLAGS_tls_key);
+  tls.client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  tls.refresh_seconds = static_cast<int>(absl::ToInt64Seconds(absl::GetFlag(FLAGS_tls_refresh_interval)));
+  if (absl::Status s = ValidateTlsFiles(tls); !s.ok()) {
+    ECHOKV_LOG(ERROR) << s.message();
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_max_streams_per_connection) < 1) {
+    ECHOKV_LOG(ERROR) << "--max_streams_per_connection must be >= 1";
     return 2;
   }
   const std::string host = absl::GetFlag(FLAGS_host);
@@ -202,17 +279,52 @@ int Run() {
     ECHOKV_LOG(ERROR) << "cannot start the engine: " << engine.status().message();
     return 1;
   }
-  EchoKvService service(engine->get(), metrics->get());
+  if (tokens != nullptr) (*engine)->SetTenantQuotas(tokens->Quotas());
+  const int reserve =
+      DefaultStreamReserve(config->limits.max_concurrent_streams, tokens != nullptr ? tokens->tenant_count() : 1);
+  EchoKvService service(engine->get(), metrics->get(), tokens.get(), reserve);
+
+  // On a TLS port gRPC's AuthMetadataProcessor checks every call's token before any
+  // handler runs; gRPC 1.51 cannot run one on a plaintext port, where the service
+  // checks the same token itself (CallerFromGrpc).
+  std::shared_ptr<grpc::AuthMetadataProcessor> processor;
+  if (tokens != nullptr && tls.enabled()) processor = std::make_shared<TokenAuthProcessor>(tokens.get(), metrics->get());
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = ServerCredentialsFor(tls, processor);
+  if (!creds.ok()) {
+    ECHOKV_LOG(ERROR) << creds.status().message();
+    return 2;
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (absl::GetFlag(FLAGS_reflection)) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  if (!absl::GetFlag(FLAGS_reflection)) builder.SetOption(std::make_unique<WithoutReflection>());
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)), grpc::InsecureServerCredentials(),
-                           &port);
+  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)), *creds, &port);
   builder.RegisterService(&service);
+  // A message larger than this is refused by gRPC itself (RESOURCE_EXHAUSTED "Received
+  // message larger than max"): max_request_bytes of input plus room for the other fields.
   const int64_t max_message = std::min<int64_t>(config->limits.max_request_bytes + (1 << 16), INT32_MAX);
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_message));
+  // HTTP/2 hardening (docs/SECURITY.md): per-connection stream cap, keepalive
+  // enforcement (a client pinging more often than every 10 s without data gets GOAWAY
+  // after 2 strikes), our own pings find dead peers that hold stream slots, and
+  // connection idle / age limits.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, absl::GetFlag(FLAGS_max_streams_per_connection));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  auto millis = [](absl::Duration d) { return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT32_MAX)); };
+  if (absl::GetFlag(FLAGS_max_connection_idle) > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, millis(absl::GetFlag(FLAGS_max_connection_idle)));
+  }
+  if (absl::GetFlag(FLAGS_max_connection_age) > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, millis(absl::GetFlag(FLAGS_max_connection_age)));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                               millis(absl::GetFlag(FLAGS_max_connection_age_grace)));
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     ECHOKV_LOG(ERROR) << "cannot listen on " << host << ":" << absl::GetFlag(FLAGS_port);
@@ -237,7 +349,9 @@ int Run() {
       ECHOKV_LOG(ERROR) << "--http_" << s.message();
       return 2;
     }
-    StreamSlots slots{[&service] { return service.AcquireStream(); }, [&service] { service.ReleaseStream(); }};
+    hc.tokens = tokens.get();
+    DoorSlots slots{[&service](const std::string& tenant) { return service.AcquireStream(tenant); },
+                    [&service](const std::string& tenant) { service.ReleaseStream(tenant); }};
     absl::StatusOr<std::unique_ptr<OpenAiServer>> started =
         OpenAiServer::Start(engine->get(), metrics->get(), hc, std::move(slots));
     if (!started.ok()) {
@@ -265,8 +379,18 @@ int Run() {
     }
     std::rename(tmp.c_str(), path.c_str());  // readers never see half a file
   }
-  ECHOKV_LOG(INFO) << "echokv-server listening on " << host << ":" << port << ", metrics on port "
+  ECHOKV_LOG(INFO) << "echokv-server listening on " << host << ":" << port << (tls.enabled() ? " (TLS" : " (plaintext")
+                   << (tls.client_ca.empty() ? "" : ", client certificates required") << "), metrics on port "
                    << metrics_port << ", HTTP API " << (http != nullptr ? absl::StrCat("on port ", http_port) : "off");
+  if (tokens != nullptr) {
+    ECHOKV_LOG(INFO) << "authentication: " << tokens->tenant_count() << " tenant(s) from " << tokens_path
+                     << "; the health service needs no token" << (tls.enabled() ? "" : "; tokens travel in plaintext");
+  } else {
+    for (int i = 0; i < 3; ++i) {
+      ECHOKV_LOG(WARNING) << "INSECURE: --insecure given: NO AUTHENTICATION. Anyone who can reach " << host << ":"
+                          << port << " may list, read, continue and delete every session.";
+    }
+  }
 
   // Health that means something: the named service follows the engine (NOT_SERVING
   // while work waits and no step completes); "" is the process, up until shutdown.
@@ -290,7 +414,21 @@ int Run() {
   });
 
   int sig = 0;
-  while (sigwait(&signals, &sig) != 0) {
+  while (true) {
+    if (sigwait(&signals, &sig) != 0) continue;
+    if (sig != SIGHUP) break;
+    // SIGHUP: re-read the tokens file; calls already authenticated run on.
+    if (tokens == nullptr) {
+      ECHOKV_LOG(INFO) << "SIGHUP: no --auth_tokens_file to reload";
+    } else if (absl::Status s = tokens->Reload(); !s.ok()) {
+      ECHOKV_LOG(ERROR) << "SIGHUP: tokens file not reloaded, the previous tenants stay: " << s.message();
+    } else {
+      (*engine)->SetTenantQuotas(tokens->Quotas());
+      ECHOKV_LOG(INFO) << "SIGHUP: reloaded " << tokens->tenant_count() << " tenant(s) from " << tokens_path;
+    }
+    if (tls.enabled()) {
+      ECHOKV_LOG(INFO) << "SIGHUP: TLS files are re-read every " << tls.refresh_seconds << " s on their own";
+    }
   }
   watching.store(false);
   watchdog.join();
@@ -306,7 +444,8 @@ int Run() {
   bool cancelled = false;
   while (service.streams_in_flight() > 0 && !cancelled) {
     struct timespec ts = {0, 50 * 1000 * 1000};
-    if (sigtimedwait(&signals, nullptr, &ts) > 0 || absl::Now() >= cancel_at) {
+    const int got = sigtimedwait(&signals, nullptr, &ts);
+    if ((got > 0 && got != SIGHUP) || absl::Now() >= cancel_at) {
       ECHOKV_LOG(INFO) << "cancelling " << service.streams_in_flight() << " in-flight call(s)";
       (*engine)->CancelAll();
       cancelled = true;

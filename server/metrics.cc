@@ -114,6 +114,11 @@ struct Metrics::Impl {
       .Name("echokv_streams_in_flight")
       .Help("Streaming RPCs (and Compress) in flight")
       .Register(*registry);
+  // Tenants come from the tokens file only (bounded); none with --insecure.
+  prometheus::Family<prometheus::Gauge>& tenant_streams = prometheus::BuildGauge()
+      .Name("echokv_tenant_streams_in_flight")
+      .Help("Stream slots held per tenant (streaming calls, Compress and HTTP completions)")
+      .Register(*registry);
 
   prometheus::Family<prometheus::Gauge>& hot_bytes = prometheus::BuildGauge()
       .Name("echokv_hot_kv_bytes")
@@ -203,6 +208,10 @@ void Metrics::OnHttpRequest(absl::string_view route, int status) {
 }
 
 void Metrics::OnStreamDelta(int delta) { impl_->streams_g.Increment(delta); }
+
+void Metrics::OnTenantStreamDelta(absl::string_view tenant, int delta) {
+  impl_->tenant_streams.Add({{"tenant", std::string(tenant)}}).Increment(delta);
+}
 
 std::string Metrics::Render() const {
   prometheus::TextSerializer serializer;

@@ -40,6 +40,9 @@ class Metrics : public EngineObserver {
   void OnHttpRequest(absl::string_view route, int status);
   // Streaming RPCs in flight (+1 / -1).
   void OnStreamDelta(int delta);
+  // Stream slots held by an authenticated tenant (+1 / -1); tenants come from the
+  // tokens file, so the label is bounded.
+  void OnTenantStreamDelta(absl::string_view tenant, int delta);
   // The text exposition of every family (what /metrics serves).
   std::string Render() const;
 

@@ -201,7 +201,7 @@ class OpenAiServer::Impl {
   Engine* engine = nullptr;                   // not owned
   Metrics* metrics = nullptr;                 // not owned; may be null
   OpenAiConfig config;
-  StreamSlots slots;
+  DoorSlots slots;
   std::string model_name;                     // the served id
   int64_t created = 0;                        // Unix seconds at start (GET /v1/models)
   std::unique_ptr<openai::TokenTable> tokens; // logprobs token strings
@@ -216,7 +216,7 @@ class OpenAiServer::Impl {
     Impl* impl;
     const char* route;
     Caller caller;
-    bool slot = false;               // holds a StreamSlots slot
+    bool slot = false;               // holds a DoorSlots slot of caller.tenant
     std::string temporary_session;   // deleted at the end
     int status = 200;                // for metrics (499: the client left mid-stream)
     Call(Impl* i, const char* r) : impl(i), route(r) { impl->in_flight.fetch_add(1); }
@@ -224,7 +224,7 @@ class OpenAiServer::Impl {
       if (!temporary_session.empty()) {
         impl->engine->DeleteSession(caller, temporary_session, [](absl::StatusOr<int64_t>) {});
       }
-      if (slot && impl->slots.release) impl->slots.release();
+      if (slot && impl->slots.release) impl->slots.release(caller.tenant);
       if (impl->metrics != nullptr) impl->metrics->OnHttpRequest(route, status);
       impl->in_flight.fetch_sub(1);
     }
@@ -281,7 +281,7 @@ absl::StatusOr<compression::CompressionConfig> OpenAiServer::Impl::ConfigFrom(co
 }
 
 bool OpenAiServer::Impl::Admit(const httplib::Request& req, httplib::Response& res, Call* call) {
-  absl::StatusOr<Caller> caller = CallerFromHttp(req);
+  absl::StatusOr<Caller> caller = CallerFromHttp(req, config.tokens);
   if (!caller.ok()) {
     Reply(call, res, ToHttpError(caller.status()));
     return false;
@@ -416,11 +416,8 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
                                                    *gen.max_tokens)));
   }
   if (slots.acquire) {
-    if (!slots.acquire()) {
-      if (metrics != nullptr) metrics->OnSessionRejected("max_concurrent_streams");
-      return Reply(call.get(), res,
-                   ToHttpError(absl::ResourceExhaustedError(
-                       "max_concurrent_streams reached: too many generation requests in flight; retry later")));
+    if (absl::Status s = slots.acquire(call->caller.tenant); !s.ok()) {
+      return Reply(call.get(), res, ToHttpError(s));
     }
     call->slot = true;
   }
@@ -586,7 +583,7 @@ void OpenAiServer::Impl::Routes(httplib::Server& s) {
   s.Post("/v1/completions",
          [this](const httplib::Request& req, httplib::Response& res) { HandleCompletion(req, res); });
   s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-    if (absl::StatusOr<Caller> caller = CallerFromHttp(req); !caller.ok()) {
+    if (absl::StatusOr<Caller> caller = CallerFromHttp(req, config.tokens); !caller.ok()) {
       Reply(nullptr, res, ToHttpError(caller.status()));
       if (metrics != nullptr) metrics->OnHttpRequest("/v1/models", res.status);
       return;
@@ -598,7 +595,7 @@ void OpenAiServer::Impl::Routes(httplib::Server& s) {
   s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
     HttpError e;
-    if (absl::StatusOr<Caller> caller = CallerFromHttp(req); !caller.ok()) {
+    if (absl::StatusOr<Caller> caller = CallerFromHttp(req, config.tokens); !caller.ok()) {
       Reply(nullptr, res, ToHttpError(caller.status()));
     } else if (!CheckModel(id, &e)) {
       Reply(nullptr, res, e);
@@ -658,10 +655,10 @@ OpenAiServer::OpenAiServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 OpenAiServer::~OpenAiServer() { Stop(); }
 
 absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Engine* engine, Metrics* metrics,
-                                                                  const OpenAiConfig& config, StreamSlots slots) {
+                                                                  const OpenAiConfig& config, DoorSlots slots) {
   if (engine == nullptr) return absl::InvalidArgumentError("OpenAiServer: an engine is required");
   if (static_cast<bool>(slots.acquire) != static_cast<bool>(slots.release)) {
-    return absl::InvalidArgumentError("OpenAiServer: StreamSlots needs both acquire and release, or neither");
+    return absl::InvalidArgumentError("OpenAiServer: DoorSlots needs both acquire and release, or neither");
   }
   auto impl = std::make_unique<Impl>();
   impl->engine = engine;

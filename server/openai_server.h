@@ -28,6 +28,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "server/auth.h"
 #include "server/engine.h"
 #include "server/http_util.h"
 #include "server/metrics.h"
@@ -41,20 +42,24 @@ struct OpenAiConfig {
   std::string model_name;         // the served model id; "" = ServerFacts::model_name
   // The request `model` may also be this alias (always the one served model).
   std::string model_alias = "echokv";
+  // Bearer tokens (the gRPC door's, server/auth.h); must outlive the server. null =
+  // no authentication (--insecure).
+  const TokenStore* tokens = nullptr;
 };
 
-// Admission shared with the gRPC door (max_concurrent_streams): every completion request
-// holds a slot while it runs. Both empty: no limit here.
-struct StreamSlots {
-  std::function<bool()> acquire;   // false: no slot free (-> 429)
-  std::function<void()> release;
+// Admission shared with the gRPC door (max_concurrent_streams, the tenant's max_streams,
+// the fair-share reserve: server/stream_slots.h): every completion request holds a slot
+// of its tenant while it runs. Both empty: no limit here.
+struct DoorSlots {
+  std::function<absl::Status(const std::string& tenant)> acquire;  // RESOURCE_EXHAUSTED (-> 429)
+  std::function<void(const std::string& tenant)> release;
 };
 
 class OpenAiServer {
  public:
   // `engine` and `metrics` (may be null) must outlive the server.
   static absl::StatusOr<std::unique_ptr<OpenAiServer>> Start(Engine* engine, Metrics* metrics,
-                                                             const OpenAiConfig& config, StreamSlots slots);
+                                                             const OpenAiConfig& config, DoorSlots slots);
   ~OpenAiServer();  // Stop()
   OpenAiServer(const OpenAiServer&) = delete;
   OpenAiServer& operator=(const OpenAiServer&) = delete;

@@ -7,11 +7,14 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/grpc_auth.h"
 #include "server/status_util.h"
+#include "server/wire_check.h"
 
 namespace echokv::server {
 namespace {
@@ -211,14 +214,44 @@ std::optional<absl::Duration> ToTtl(bool has, int64_t seconds) {
 
 // ---- reactors ----
 
+// A message as the raw bytes the service's raw methods write.
+grpc::ByteBuffer ToBytes(const google::protobuf::MessageLite& message) {
+  grpc::Slice slice(message.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Authenticates the call, then parses its request (wire_check.h): UNAUTHENTICATED, or
+// INVALID_ARGUMENT naming the bad field / the malformed message.
+template <typename Request>
+absl::StatusOr<Caller> Admit(grpc::CallbackServerContext* ctx, const TokenStore* tokens, const grpc::ByteBuffer* raw,
+                             Request* request) {
+  absl::StatusOr<Caller> caller = CallerFromGrpc(*ctx, tokens);
+  if (!caller.ok()) return caller.status();
+  std::string bytes;
+  if (raw != nullptr) {
+    std::vector<grpc::Slice> slices;
+    if (!raw->Dump(&slices).ok()) return absl::InvalidArgumentError("request: unreadable message");
+    bytes.reserve(raw->Length());
+    for (const grpc::Slice& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  }
+  if (absl::Status s = ParseRequest(bytes, request); !s.ok()) return s;
+  return caller;
+}
+
 // A server-streaming call: messages queued from any thread, one write in flight.
 template <typename Response>
-class StreamReactor : public grpc::ServerWriteReactor<Response> {
+class StreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  StreamReactor(EchoKvService* service, const char* method, bool counted)
-      : service_(service), method_(method), counted_(counted) {}
+  StreamReactor(EchoKvService* service, const char* method) : service_(service), method_(method) {}
 
   CancelFlag cancel() const { return cancel_; }
+
+  // Claims a stream slot for `tenant`, released in OnDone.
+  absl::Status TakeSlot(const std::string& tenant) {
+    absl::Status s = service_->AcquireStream(tenant);
+    if (s.ok()) slot_tenant_ = tenant;
+    return s;
+  }
 
   // Messages queued or in flight that the client has not taken yet (backpressure).
   int Backlog() {
@@ -267,7 +300,7 @@ class StreamReactor : public grpc::ServerWriteReactor<Response> {
 
   void OnDone() override {
     if (service_->metrics() != nullptr) service_->metrics()->OnRequest(method_, CodeName(status_.error_code()));
-    if (counted_) service_->ReleaseStream();
+    if (slot_tenant_.has_value()) service_->ReleaseStream(*slot_tenant_);
     delete this;
   }
 
@@ -280,7 +313,7 @@ class StreamReactor : public grpc::ServerWriteReactor<Response> {
       absl::MutexLock lock(&mu_);
       if (finished_ || writing_) return;
       if (!queue_.empty()) {
-        current_ = std::move(queue_.front());
+        current_ = ToBytes(queue_.front());
         queue_.pop_front();
         writing_ = true;
         action = Action::kWrite;
@@ -303,11 +336,11 @@ class StreamReactor : public grpc::ServerWriteReactor<Response> {
 
   EchoKvService* service_;       // not owned
   const char* method_;           // RPC name for metrics
-  bool counted_;                 // holds a stream slot
+  std::optional<std::string> slot_tenant_;  // holds a stream slot of this tenant
   CancelFlag cancel_ = std::make_shared<std::atomic<bool>>(false);  // shared with the engine job
   absl::Mutex mu_;
   std::deque<Response> queue_ ABSL_GUARDED_BY(mu_);  // messages not yet written
-  Response current_;             // the write in flight (touched only by the writer)
+  grpc::ByteBuffer current_;     // the write in flight (touched only by the writer)
   bool writing_ ABSL_GUARDED_BY(mu_) = false;        // a write is in flight
   bool closing_ ABSL_GUARDED_BY(mu_) = false;        // Close was called
   bool broken_ ABSL_GUARDED_BY(mu_) = false;         // a write failed
@@ -315,38 +348,42 @@ class StreamReactor : public grpc::ServerWriteReactor<Response> {
   grpc::Status status_;          // set once by Close, read after finished_
 };
 
-// A unary call; Done() from any thread.
+// A unary call; Done() from any thread. The handler fills response(); Done
+// serializes it into the raw response buffer.
+template <typename Response>
 class UnaryReactor : public grpc::ServerUnaryReactor {
  public:
-  UnaryReactor(EchoKvService* service, const char* method, bool counted)
-      : service_(service), method_(method), counted_(counted) {}
+  UnaryReactor(EchoKvService* service, const char* method, grpc::ByteBuffer* out)
+      : service_(service), method_(method), out_(out) {}
   CancelFlag cancel() const { return cancel_; }
+  Response* response() { return &response_; }
+  absl::Status TakeSlot(const std::string& tenant) {
+    absl::Status s = service_->AcquireStream(tenant);
+    if (s.ok()) slot_tenant_ = tenant;
+    return s;
+  }
   void Done(const absl::Status& status) {
-    code_ = ToGrpcStatus(status).error_code();
-    Finish(ToGrpcStatus(status));
+    const grpc::Status st = ToGrpcStatus(status);
+    code_ = st.error_code();
+    if (st.ok()) *out_ = ToBytes(response_);
+    Finish(st);
   }
   void OnCancel() override { cancel_->store(true); }
   void OnDone() override {
     if (service_->metrics() != nullptr) service_->metrics()->OnRequest(method_, CodeName(code_));
-    if (counted_) service_->ReleaseStream();
+    if (slot_tenant_.has_value()) service_->ReleaseStream(*slot_tenant_);
     delete this;
   }
 
  private:
   EchoKvService* service_;       // not owned
   const char* method_;           // RPC name for metrics
-  bool counted_;                 // holds a stream slot
+  grpc::ByteBuffer* out_;        // the raw response (owned by gRPC)
+  Response response_;            // filled by the handler / engine callback
+  std::optional<std::string> slot_tenant_;  // holds a stream slot of this tenant
   CancelFlag cancel_ = std::make_shared<std::atomic<bool>>(false);
   grpc::StatusCode code_ = grpc::StatusCode::OK;  // written before Finish
 };
-
-// The tenant of a call. TODO(#12): from the authenticated bearer token.
-Caller CallerOf(grpc::CallbackServerContext* ctx) { return Caller{}; }
-
-absl::Status TooManyStreams() {
-  return absl::ResourceExhaustedError(
-      "max_concurrent_streams reached: too many streaming calls in flight; retry later");
-}
 
 // Engine callbacks of CreateSession / AppendToSession: progress events become
 // SessionProgress.progress messages; the result becomes the final SessionProgress
@@ -375,27 +412,46 @@ DoneFn<SessionInfo> SessionToStream(StreamReactor<pb::SessionProgress>* reactor)
 
 }  // namespace
 
-EchoKvService::EchoKvService(Engine* engine, Metrics* metrics) : engine_(engine), metrics_(metrics) {}
+EchoKvService::EchoKvService(Engine* engine, Metrics* metrics, const TokenStore* tokens, int stream_reserve)
+    : engine_(engine),
+      metrics_(metrics),
+      tokens_(tokens),
+      slots_(engine->facts().limits.max_concurrent_streams, stream_reserve) {}
 
-bool EchoKvService::AcquireStream() {
-  const int max = engine_->facts().limits.max_concurrent_streams;
-  if (streams_.fetch_add(1) >= max) {
-    streams_.fetch_sub(1);
-    return false;
+absl::Status EchoKvService::AcquireStream(const std::string& tenant) {
+  const int cap = tokens_ != nullptr ? tokens_->QuotaOf(tenant).max_streams : 0;
+  absl::Status s = slots_.Acquire(tenant, cap);
+  if (!s.ok()) {
+    if (metrics_ != nullptr) {
+      metrics_->OnSessionRejected(absl::StartsWith(s.message(), "max_streams") ? "max_streams"
+                                                                               : "max_concurrent_streams");
+    }
+    return s;
   }
-  if (metrics_ != nullptr) metrics_->OnStreamDelta(1);
-  return true;
+  if (metrics_ != nullptr) {
+    metrics_->OnStreamDelta(1);
+    if (!tenant.empty()) metrics_->OnTenantStreamDelta(tenant, 1);
+  }
+  return absl::OkStatus();
 }
 
-void EchoKvService::ReleaseStream() {
-  streams_.fetch_sub(1);
-  if (metrics_ != nullptr) metrics_->OnStreamDelta(-1);
+void EchoKvService::ReleaseStream(const std::string& tenant) {
+  slots_.Release(tenant);
+  if (metrics_ != nullptr) {
+    metrics_->OnStreamDelta(-1);
+    if (!tenant.empty()) metrics_->OnTenantStreamDelta(tenant, -1);
+  }
 }
 
-grpc::ServerUnaryReactor* EchoKvService::GetServerInfo(grpc::CallbackServerContext* ctx,
-                                                       const v1::GetServerInfoRequest* request,
-                                                       v1::ServerInfo* response) {
-  auto* reactor = new UnaryReactor(this, "GetServerInfo", false);
+EchoKvService::Unary* EchoKvService::GetServerInfo(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                                   grpc::ByteBuffer* out) {
+  auto* reactor = new UnaryReactor<pb::ServerInfo>(this, "GetServerInfo", out);
+  pb::GetServerInfoRequest request;
+  if (absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request); !caller.ok()) {
+    reactor->Done(caller.status());
+    return reactor;
+  }
+  pb::ServerInfo* response = reactor->response();
   const ServerFacts& f = engine_->facts();
   response->set_version(f.version);
   pb::ModelInfo* m = response->mutable_model();
@@ -436,13 +492,17 @@ grpc::ServerUnaryReactor* EchoKvService::GetServerInfo(grpc::CallbackServerConte
   return reactor;
 }
 
-grpc::ServerWriteReactor<v1::SessionProgress>* EchoKvService::CreateSession(
-    grpc::CallbackServerContext* ctx, const v1::CreateSessionRequest* request) {
-  const bool counted = AcquireStream();
-  auto* reactor = new StreamReactor<pb::SessionProgress>(this, "CreateSession", counted);
-  if (!counted) {
-    if (metrics_ != nullptr) metrics_->OnSessionRejected("max_concurrent_streams");
-    reactor->Close(TooManyStreams());
+EchoKvService::Stream* EchoKvService::CreateSession(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw) {
+  auto* reactor = new StreamReactor<pb::SessionProgress>(this, "CreateSession");
+  pb::CreateSessionRequest request_msg;
+  const pb::CreateSessionRequest* request = &request_msg;
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  if (!caller.ok()) {
+    reactor->Close(caller.status());
+    return reactor;
+  }
+  if (absl::Status s = reactor->TakeSlot(caller->tenant); !s.ok()) {
+    reactor->Close(s);
     return reactor;
   }
   absl::StatusOr<compression::CompressionConfig> cfg =
@@ -452,7 +512,7 @@ grpc::ServerWriteReactor<v1::SessionProgress>* EchoKvService::CreateSession(
     return reactor;
   }
   CreateRequest req;
-  req.caller = CallerOf(ctx);
+  req.caller = *caller;
   req.input = ToInput(request->input());
   req.config = *cfg;
   if (request->compression().has_memory()) {
@@ -468,33 +528,43 @@ grpc::ServerWriteReactor<v1::SessionProgress>* EchoKvService::CreateSession(
   return reactor;
 }
 
-grpc::ServerWriteReactor<v1::SessionProgress>* EchoKvService::AppendToSession(
-    grpc::CallbackServerContext* ctx, const v1::AppendToSessionRequest* request) {
-  const bool counted = AcquireStream();
-  auto* reactor = new StreamReactor<pb::SessionProgress>(this, "AppendToSession", counted);
-  if (!counted) {
-    reactor->Close(TooManyStreams());
+EchoKvService::Stream* EchoKvService::AppendToSession(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw) {
+  auto* reactor = new StreamReactor<pb::SessionProgress>(this, "AppendToSession");
+  pb::AppendToSessionRequest request_msg;
+  const pb::AppendToSessionRequest* request = &request_msg;
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  if (!caller.ok()) {
+    reactor->Close(caller.status());
+    return reactor;
+  }
+  if (absl::Status s = reactor->TakeSlot(caller->tenant); !s.ok()) {
+    reactor->Close(s);
     return reactor;
   }
   AppendRequest req;
-  req.caller = CallerOf(ctx);
+  req.caller = *caller;
   req.session_id = request->session_id();
   req.input = ToInput(request->input());
   engine_->AppendToSession(std::move(req), reactor->cancel(), ProgressToStream(reactor), SessionToStream(reactor));
   return reactor;
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* EchoKvService::Generate(grpc::CallbackServerContext* ctx,
-                                                                        const v1::GenerateRequest* request) {
-  const bool counted = AcquireStream();
-  auto* reactor = new StreamReactor<pb::GenerateResponse>(this, "Generate", counted);
-  if (!counted) {
-    reactor->Close(TooManyStreams());
+EchoKvService::Stream* EchoKvService::Generate(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw) {
+  auto* reactor = new StreamReactor<pb::GenerateResponse>(this, "Generate");
+  pb::GenerateRequest request_msg;
+  const pb::GenerateRequest* request = &request_msg;
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  if (!caller.ok()) {
+    reactor->Close(caller.status());
+    return reactor;
+  }
+  if (absl::Status s = reactor->TakeSlot(caller->tenant); !s.ok()) {
+    reactor->Close(s);
     return reactor;
   }
   const ServerFacts& f = engine_->facts();
   GenerateParams p;
-  p.caller = CallerOf(ctx);
+  p.caller = *caller;
   p.session_id = request->session_id();
   p.max_tokens = request->has_max_tokens() ? request->max_tokens() : std::min(128, f.limits.max_new_tokens);
   const pb::SamplingParams& sp = request->sampling();
@@ -554,11 +624,18 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* EchoKvService::Generate(grpc::Ca
   return reactor;
 }
 
-grpc::ServerUnaryReactor* EchoKvService::ForkSession(grpc::CallbackServerContext* ctx,
-                                                     const v1::ForkSessionRequest* request,
-                                                     v1::Session* response) {
-  auto* reactor = new UnaryReactor(this, "ForkSession", false);
-  engine_->ForkSession(CallerOf(ctx), request->session_id(), ToTtl(request->has_ttl_seconds(), request->ttl_seconds()),
+EchoKvService::Unary* EchoKvService::ForkSession(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                                 grpc::ByteBuffer* out) {
+  auto* reactor = new UnaryReactor<pb::Session>(this, "ForkSession", out);
+  pb::ForkSessionRequest request_msg;
+  const pb::ForkSessionRequest* request = &request_msg;
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  if (!caller.ok()) {
+    reactor->Done(caller.status());
+    return reactor;
+  }
+  pb::Session* response = reactor->response();
+  engine_->ForkSession(*caller, request->session_id(), ToTtl(request->has_ttl_seconds(), request->ttl_seconds()),
                        [reactor, response](absl::StatusOr<SessionInfo> s) {
                          if (s.ok()) FillSession(*s, response);
                          reactor->Done(s.status());
@@ -566,21 +643,27 @@ grpc::ServerUnaryReactor* EchoKvService::ForkSession(grpc::CallbackServerContext
   return reactor;
 }
 
-grpc::ServerUnaryReactor* EchoKvService::GetSession(grpc::CallbackServerContext* ctx,
-                                                    const v1::GetSessionRequest* request,
-                                                    v1::Session* response) {
-  auto* reactor = new UnaryReactor(this, "GetSession", false);
-  const Caller caller = CallerOf(ctx);
-  const bool include_tokens = request->include_tokens();
+EchoKvService::Unary* EchoKvService::GetSession(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                                 grpc::ByteBuffer* out) {
+  auto* reactor = new UnaryReactor<pb::Session>(this, "GetSession", out);
+  pb::GetSessionRequest request_msg;
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  if (!caller.ok()) {
+    reactor->Done(caller.status());
+    return reactor;
+  }
+  pb::Session* response = reactor->response();
+  const bool include_tokens = request_msg.include_tokens();
   Engine* engine = engine_;
-  const std::string id = request->session_id();
-  engine_->GetSession(caller, id, [reactor, response, include_tokens, engine, caller, id](absl::StatusOr<SessionInfo> s) {
+  const std::string id = request_msg.session_id();
+  const Caller who = *caller;
+  engine_->GetSession(who, id, [reactor, response, include_tokens, engine, who, id](absl::StatusOr<SessionInfo> s) {
     if (!s.ok() || !include_tokens) {
       if (s.ok()) FillSession(*s, response);
       return reactor->Done(s.status());
     }
     FillSession(*s, response);
-    engine->SessionTokens(caller, id, [reactor, response](absl::StatusOr<std::vector<int>> tokens) {
+    engine->SessionTokens(who, id, [reactor, response](absl::StatusOr<std::vector<int>> tokens) {
       if (tokens.ok()) {
         for (int t : *tokens) response->add_tokens(t);
       }
@@ -590,11 +673,18 @@ grpc::ServerUnaryReactor* EchoKvService::GetSession(grpc::CallbackServerContext*
   return reactor;
 }
 
-grpc::ServerUnaryReactor* EchoKvService::ListSessions(grpc::CallbackServerContext* ctx,
-                                                      const v1::ListSessionsRequest* request,
-                                                      v1::ListSessionsResponse* response) {
-  auto* reactor = new UnaryReactor(this, "ListSessions", false);
-  engine_->ListSessions(CallerOf(ctx), [reactor, response](absl::StatusOr<std::vector<SessionInfo>> s) {
+EchoKvService::Unary* EchoKvService::ListSessions(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                                 grpc::ByteBuffer* out) {
+  auto* reactor = new UnaryReactor<pb::ListSessionsResponse>(this, "ListSessions", out);
+  pb::ListSessionsRequest request_msg;
+  const pb::ListSessionsRequest* request = &request_msg;
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  if (!caller.ok()) {
+    reactor->Done(caller.status());
+    return reactor;
+  }
+  pb::ListSessionsResponse* response = reactor->response();
+  engine_->ListSessions(*caller, [reactor, response](absl::StatusOr<std::vector<SessionInfo>> s) {
     if (s.ok()) {
       for (const SessionInfo& info : *s) FillSession(info, response->add_sessions());
     }
@@ -603,22 +693,36 @@ grpc::ServerUnaryReactor* EchoKvService::ListSessions(grpc::CallbackServerContex
   return reactor;
 }
 
-grpc::ServerUnaryReactor* EchoKvService::DeleteSession(grpc::CallbackServerContext* ctx,
-                                                       const v1::DeleteSessionRequest* request,
-                                                       v1::DeleteSessionResponse* response) {
-  auto* reactor = new UnaryReactor(this, "DeleteSession", false);
-  engine_->DeleteSession(CallerOf(ctx), request->session_id(), [reactor, response](absl::StatusOr<int64_t> freed) {
+EchoKvService::Unary* EchoKvService::DeleteSession(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                                 grpc::ByteBuffer* out) {
+  auto* reactor = new UnaryReactor<pb::DeleteSessionResponse>(this, "DeleteSession", out);
+  pb::DeleteSessionRequest request_msg;
+  const pb::DeleteSessionRequest* request = &request_msg;
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  if (!caller.ok()) {
+    reactor->Done(caller.status());
+    return reactor;
+  }
+  pb::DeleteSessionResponse* response = reactor->response();
+  engine_->DeleteSession(*caller, request->session_id(), [reactor, response](absl::StatusOr<int64_t> freed) {
     if (freed.ok()) response->set_freed_kv_bytes(*freed);
     reactor->Done(freed.status());
   });
   return reactor;
 }
 
-grpc::ServerUnaryReactor* EchoKvService::InspectCache(grpc::CallbackServerContext* ctx,
-                                                      const v1::InspectCacheRequest* request,
-                                                      v1::InspectCacheResponse* response) {
-  auto* reactor = new UnaryReactor(this, "InspectCache", false);
-  engine_->InspectCache(CallerOf(ctx), request->session_id(), request->include_positions(),
+EchoKvService::Unary* EchoKvService::InspectCache(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                                 grpc::ByteBuffer* out) {
+  auto* reactor = new UnaryReactor<pb::InspectCacheResponse>(this, "InspectCache", out);
+  pb::InspectCacheRequest request_msg;
+  const pb::InspectCacheRequest* request = &request_msg;
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  if (!caller.ok()) {
+    reactor->Done(caller.status());
+    return reactor;
+  }
+  pb::InspectCacheResponse* response = reactor->response();
+  engine_->InspectCache(*caller, request->session_id(), request->include_positions(),
                         [reactor, response](absl::StatusOr<CacheInspection> c) {
                           if (c.ok()) {
                             FillSession(c->session, response->mutable_session());
@@ -636,13 +740,19 @@ grpc::ServerUnaryReactor* EchoKvService::InspectCache(grpc::CallbackServerContex
   return reactor;
 }
 
-grpc::ServerUnaryReactor* EchoKvService::Compress(grpc::CallbackServerContext* ctx,
-                                                  const v1::CompressRequest* request,
-                                                  v1::CompressResponse* response) {
-  const bool counted = AcquireStream();
-  auto* reactor = new UnaryReactor(this, "Compress", counted);
-  if (!counted) {
-    reactor->Done(TooManyStreams());
+EchoKvService::Unary* EchoKvService::Compress(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                                 grpc::ByteBuffer* out) {
+  auto* reactor = new UnaryReactor<pb::CompressResponse>(this, "Compress", out);
+  pb::CompressRequest request_msg;
+  const pb::CompressRequest* request = &request_msg;
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  if (!caller.ok()) {
+    reactor->Done(caller.status());
+    return reactor;
+  }
+  pb::CompressResponse* response = reactor->response();
+  if (absl::Status s = reactor->TakeSlot(caller->tenant); !s.ok()) {
+    reactor->Done(s);
     return reactor;
   }
   absl::StatusOr<compression::CompressionConfig> cfg =
@@ -651,7 +761,7 @@ grpc::ServerUnaryReactor* EchoKvService::Compress(grpc::CallbackServerContext* c
     reactor->Done(cfg.status());
     return reactor;
   }
-  engine_->Compress(CallerOf(ctx), ToInput(request->input()), *cfg, reactor->cancel(),
+  engine_->Compress(*caller, ToInput(request->input()), *cfg, reactor->cancel(),
                     [reactor, response](absl::StatusOr<CompressOutcome> c) {
                       if (c.ok()) {
                         FillLayers(c->layers, response->mutable_layers());

@@ -4,7 +4,13 @@
 // One ServerWriteReactor per stream, at most one write in flight, nothing blocks in a
 // reaction, OnCancel sets the job's cancel flag, `delete this` only in OnDone.
 //
-//   EchoKvService service(engine.get(), metrics.get());
+// Requests arrive as raw bytes (the generated WithRawCallbackMethod_ variants) and are
+// parsed by ParseRequest (wire_check.h), so invalid UTF-8 and garbage get our
+// INVALID_ARGUMENT naming the field instead of gRPC's empty UNIMPLEMENTED, and are
+// counted. Every call is authenticated first (CallerFromGrpc, grpc_auth.h); streaming
+// calls then take a fair stream slot (StreamSlots).
+//
+//   EchoKvService service(engine.get(), metrics.get(), tokens.get(), /*stream_reserve=*/8);
 //   grpc::ServerBuilder builder;
 //   builder.RegisterService(&service);
 #ifndef ECHOKV_SERVER_SERVICE_H_
@@ -12,62 +18,71 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <atomic>
+#include <string>
 
+#include "absl/status/status.h"
 #include "proto/echokv/v1/echokv.grpc.pb.h"
+#include "server/auth.h"
 #include "server/engine.h"
 #include "server/metrics.h"
+#include "server/stream_slots.h"
 
 namespace echokv::server {
 
-class EchoKvService final : public echokv::v1::EchoKV::CallbackService {
- public:
-  // `engine` and `metrics` (may be null) must outlive the service.
-  EchoKvService(Engine* engine, Metrics* metrics);
+// Every implemented method takes raw bytes; ExportSession / ImportSession keep the
+// generated typed signatures until they are implemented.
+using EchoKvServiceBase = v1::EchoKV::WithRawCallbackMethod_GetServerInfo<
+    v1::EchoKV::WithRawCallbackMethod_CreateSession<v1::EchoKV::WithRawCallbackMethod_AppendToSession<
+        v1::EchoKV::WithRawCallbackMethod_Generate<v1::EchoKV::WithRawCallbackMethod_ForkSession<
+            v1::EchoKV::WithRawCallbackMethod_GetSession<v1::EchoKV::WithRawCallbackMethod_ListSessions<
+                v1::EchoKV::WithRawCallbackMethod_DeleteSession<v1::EchoKV::WithRawCallbackMethod_InspectCache<
+                    v1::EchoKV::WithRawCallbackMethod_Compress<v1::EchoKV::WithCallbackMethod_ExportSession<
+                        v1::EchoKV::WithCallbackMethod_ImportSession<v1::EchoKV::Service>>>>>>>>>>>>;
 
-  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx,
-                                          const v1::GetServerInfoRequest* request,
-                                          v1::ServerInfo* response) override;
-  grpc::ServerWriteReactor<v1::SessionProgress>* CreateSession(
-      grpc::CallbackServerContext* ctx, const v1::CreateSessionRequest* request) override;
-  grpc::ServerWriteReactor<v1::SessionProgress>* AppendToSession(
-      grpc::CallbackServerContext* ctx, const v1::AppendToSessionRequest* request) override;
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) override;
-  grpc::ServerUnaryReactor* ForkSession(grpc::CallbackServerContext* ctx,
-                                        const v1::ForkSessionRequest* request,
-                                        v1::Session* response) override;
-  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* ctx,
-                                       const v1::GetSessionRequest* request,
-                                       v1::Session* response) override;
-  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* ctx,
-                                         const v1::ListSessionsRequest* request,
-                                         v1::ListSessionsResponse* response) override;
-  grpc::ServerUnaryReactor* DeleteSession(grpc::CallbackServerContext* ctx,
-                                          const v1::DeleteSessionRequest* request,
-                                          v1::DeleteSessionResponse* response) override;
-  grpc::ServerUnaryReactor* InspectCache(grpc::CallbackServerContext* ctx,
-                                         const v1::InspectCacheRequest* request,
-                                         v1::InspectCacheResponse* response) override;
-  grpc::ServerUnaryReactor* Compress(grpc::CallbackServerContext* ctx,
-                                     const v1::CompressRequest* request,
-                                     v1::CompressResponse* response) override;
+class EchoKvService final : public EchoKvServiceBase {
+ public:
+  // `engine`, `metrics` (may be null) and `tokens` (null = no authentication,
+  // --insecure) must outlive the service. `stream_reserve`: StreamSlots' reserve.
+  EchoKvService(Engine* engine, Metrics* metrics, const TokenStore* tokens = nullptr, int stream_reserve = 0);
+
+  using Unary = grpc::ServerUnaryReactor;
+  using Stream = grpc::ServerWriteReactor<grpc::ByteBuffer>;
+  Unary* GetServerInfo(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                       grpc::ByteBuffer* response) override;
+  Stream* CreateSession(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) override;
+  Stream* AppendToSession(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) override;
+  Stream* Generate(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) override;
+  Unary* ForkSession(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                     grpc::ByteBuffer* response) override;
+  Unary* GetSession(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                    grpc::ByteBuffer* response) override;
+  Unary* ListSessions(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                      grpc::ByteBuffer* response) override;
+  Unary* DeleteSession(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                       grpc::ByteBuffer* response) override;
+  Unary* InspectCache(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                      grpc::ByteBuffer* response) override;
+  Unary* Compress(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                  grpc::ByteBuffer* response) override;
 
   // Streaming RPCs (and Compress) in flight.
-  int streams_in_flight() const { return streams_.load(); }
+  int streams_in_flight() const { return slots_.in_flight(); }
 
   // Shared with the reactors (service.cc).
   Metrics* metrics() const { return metrics_; }
   Engine* engine() const { return engine_; }
-  // Claims a stream slot; false (and nothing claimed) when max_concurrent_streams
-  // are already in flight.
-  bool AcquireStream();
-  void ReleaseStream();
+  const TokenStore* tokens() const { return tokens_; }
+  // Claims a stream slot for `tenant` (StreamSlots: max_concurrent_streams, the
+  // tenant's max_streams quota, the fair-share reserve); RESOURCE_EXHAUSTED naming
+  // the limit, nothing claimed.
+  absl::Status AcquireStream(const std::string& tenant);
+  void ReleaseStream(const std::string& tenant);
 
  private:
-  Engine* engine_;               // not owned
-  Metrics* metrics_;             // not owned; may be null
-  std::atomic<int> streams_{0};  // streaming calls in flight
+  Engine* engine_;             // not owned
+  Metrics* metrics_;           // not owned; may be null
+  const TokenStore* tokens_;   // not owned; null = no authentication
+  StreamSlots slots_;          // streaming calls in flight, per tenant
 };
 
 }  // namespace echokv::server

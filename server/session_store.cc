@@ -98,7 +98,28 @@ std::string EscapedIdPrefix(absl::string_view id) {
 SessionStore::SessionStore(const SessionLimits& limits, const Clock* clock, std::string replica_id)
     : limits_(limits), clock_(clock), replica_id_(std::move(replica_id)) {}
 
-absl::Status SessionStore::CheckLimitsLocked(int extra_sessions, int64_t hot_delta,
+void SessionStore::SetTenantQuotas(absl::flat_hash_map<std::string, TenantQuota> quotas) {
+  absl::MutexLock lock(&mu_);
+  quotas_ = std::move(quotas);
+}
+
+TenantUsage SessionStore::UsageOf(const std::string& tenant) const {
+  absl::MutexLock lock(&mu_);
+  auto it = usage_.find(tenant);
+  return it == usage_.end() ? TenantUsage{} : it->second;
+}
+
+void SessionStore::AccountLocked(const std::string& tenant, int sessions, int64_t hot, int64_t cold_memory) {
+  hot_bytes_ += hot;
+  cold_memory_bytes_ += cold_memory;
+  TenantUsage& u = usage_[tenant];
+  u.sessions += sessions;
+  u.hot_bytes += hot;
+  u.cold_memory_bytes += cold_memory;
+  if (u.sessions == 0 && u.hot_bytes == 0 && u.cold_memory_bytes == 0) usage_.erase(tenant);
+}
+
+absl::Status SessionStore::CheckLimitsLocked(const std::string& tenant, int extra_sessions, int64_t hot_delta,
                                              int64_t cold_memory_delta) const {
   const int live = static_cast<int>(sessions_.size() + reservations_.size());
   if (extra_sessions > 0 && live + extra_sessions > limits_.max_sessions) {
@@ -114,6 +135,27 @@ absl::Status SessionStore::CheckLimitsLocked(int extra_sessions, int64_t hot_del
     return absl::ResourceExhaustedError(absl::StrCat(
         "max_cold_bytes (", limits_.max_cold_bytes, ") would be exceeded: cold tiers in memory hold ",
         cold_memory_bytes_, " bytes and this needs ", cold_memory_delta, " more"));
+  }
+  auto q = quotas_.find(tenant);
+  if (q == quotas_.end()) return absl::OkStatus();
+  const TenantQuota& quota = q->second;
+  auto u = usage_.find(tenant);
+  const TenantUsage used = u == usage_.end() ? TenantUsage{} : u->second;
+  const std::string whose = absl::StrCat(" for tenant ", EscapedIdPrefix(tenant), ")");
+  if (quota.max_sessions > 0 && extra_sessions > 0 && used.sessions + extra_sessions > quota.max_sessions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("max_sessions (", quota.max_sessions, whose, " reached; delete a session first"));
+  }
+  if (quota.max_kv_bytes > 0 && hot_delta > 0 && used.hot_bytes + hot_delta > quota.max_kv_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("max_kv_bytes (", quota.max_kv_bytes, whose,
+                                                     " would be exceeded: this tenant's sessions hold ",
+                                                     used.hot_bytes, " bytes and this needs ", hot_delta, " more"));
+  }
+  if (quota.max_cold_bytes > 0 && cold_memory_delta > 0 &&
+      used.cold_memory_bytes + cold_memory_delta > quota.max_cold_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_cold_bytes (", quota.max_cold_bytes, whose, " would be exceeded: this tenant's cold tiers in memory hold ",
+        used.cold_memory_bytes, " bytes and this needs ", cold_memory_delta, " more"));
   }
   return absl::OkStatus();
 }
@@ -142,11 +184,10 @@ absl::StatusOr<SessionStore::Reservation> SessionStore::Reserve(const std::strin
   absl::StatusOr<std::string> id = NewIdLocked();
   if (!id.ok()) return id.status();
   const int64_t cold_mem = cold_in_memory ? cold_bytes : 0;
-  if (absl::Status s = CheckLimitsLocked(1, hot_bytes, cold_mem); !s.ok()) return s;
+  if (absl::Status s = CheckLimitsLocked(tenant, 1, hot_bytes, cold_mem); !s.ok()) return s;
   Reservation r{next_ticket_++, *id, tenant, hot_bytes, cold_bytes, cold_in_memory};
   reservations_.emplace(r.ticket, r);
-  hot_bytes_ += hot_bytes;
-  cold_memory_bytes_ += cold_mem;
+  AccountLocked(tenant, 1, hot_bytes, cold_mem);
   return r;
 }
 
@@ -161,11 +202,10 @@ absl::StatusOr<SessionStore::Reservation> SessionStore::ReserveId(const std::str
     return absl::AlreadyExistsError(absl::StrCat("session ", EscapedIdPrefix(id), " already exists"));
   }
   const int64_t cold_mem = cold_in_memory ? cold_bytes : 0;
-  if (absl::Status s = CheckLimitsLocked(1, hot_bytes, cold_mem); !s.ok()) return s;
+  if (absl::Status s = CheckLimitsLocked(tenant, 1, hot_bytes, cold_mem); !s.ok()) return s;
   Reservation r{next_ticket_++, id, tenant, hot_bytes, cold_bytes, cold_in_memory};
   reservations_.emplace(r.ticket, r);
-  hot_bytes_ += hot_bytes;
-  cold_memory_bytes_ += cold_mem;
+  AccountLocked(tenant, 1, hot_bytes, cold_mem);
   return r;
 }
 
@@ -173,8 +213,8 @@ void SessionStore::Unreserve(const Reservation& r) {
   absl::MutexLock lock(&mu_);
   auto it = reservations_.find(r.ticket);
   if (it == reservations_.end()) return;
-  hot_bytes_ -= it->second.hot_bytes;
-  cold_memory_bytes_ -= it->second.cold_in_memory ? it->second.cold_bytes : 0;
+  const Reservation& held = it->second;
+  AccountLocked(held.tenant, -1, -held.hot_bytes, held.cold_in_memory ? -held.cold_bytes : 0);
   reservations_.erase(it);
 }
 
@@ -185,10 +225,9 @@ absl::Status SessionStore::Insert(const Reservation& r, SessionMeta meta, std::s
   const Reservation held = it->second;
   // Release the estimate, then admit the exact bytes.
   reservations_.erase(it);
-  hot_bytes_ -= held.hot_bytes;
-  cold_memory_bytes_ -= held.cold_in_memory ? held.cold_bytes : 0;
+  AccountLocked(held.tenant, -1, -held.hot_bytes, held.cold_in_memory ? -held.cold_bytes : 0);
   const int64_t cold_mem = meta.cold_in_memory ? meta.cold_bytes : 0;
-  if (absl::Status s = CheckLimitsLocked(0, meta.hot_bytes, cold_mem); !s.ok()) return s;
+  if (absl::Status s = CheckLimitsLocked(held.tenant, 0, meta.hot_bytes, cold_mem); !s.ok()) return s;
   meta.id = held.id;
   meta.tenant = held.tenant;
   meta.busy = false;
@@ -196,8 +235,7 @@ absl::Status SessionStore::Insert(const Reservation& r, SessionMeta meta, std::s
   const absl::Time now = clock_->Now();
   if (meta.created == absl::UnixEpoch()) meta.created = now;
   if (meta.last_used == absl::UnixEpoch()) meta.last_used = now;
-  hot_bytes_ += meta.hot_bytes;
-  cold_memory_bytes_ += cold_mem;
+  AccountLocked(held.tenant, 1, meta.hot_bytes, cold_mem);
   const std::string id = meta.id;
   sessions_[id] = Entry{std::move(meta), std::move(data)};
   return absl::OkStatus();
@@ -238,11 +276,12 @@ absl::Status SessionStore::Commit(const std::string& id, SessionMeta updated, st
   // The session's own old bytes are freed by this commit.
   const int64_t old_cold = e.meta.cold_in_memory ? e.meta.cold_bytes : 0;
   const int64_t new_cold = updated.cold_in_memory ? updated.cold_bytes : 0;
-  if (absl::Status s = CheckLimitsLocked(0, updated.hot_bytes - e.meta.hot_bytes, new_cold - old_cold); !s.ok()) {
+  if (absl::Status s =
+          CheckLimitsLocked(e.meta.tenant, 0, updated.hot_bytes - e.meta.hot_bytes, new_cold - old_cold);
+      !s.ok()) {
     return s;
   }
-  hot_bytes_ += updated.hot_bytes - e.meta.hot_bytes;
-  cold_memory_bytes_ += new_cold - old_cold;
+  AccountLocked(e.meta.tenant, 0, updated.hot_bytes - e.meta.hot_bytes, new_cold - old_cold);
   updated.id = e.meta.id;
   updated.tenant = e.meta.tenant;
   updated.created = e.meta.created;
@@ -276,7 +315,7 @@ void SessionStore::ReplaceData(const std::string& id, std::shared_ptr<SessionDat
   if (it == sessions_.end()) return;
   Entry& e = it->second;
   if (e.meta.cold_in_memory != cold_in_memory) {
-    cold_memory_bytes_ += (cold_in_memory ? 1 : -1) * e.meta.cold_bytes;
+    AccountLocked(e.meta.tenant, 0, 0, (cold_in_memory ? 1 : -1) * e.meta.cold_bytes);
     e.meta.cold_in_memory = cold_in_memory;
   }
   e.data = std::move(data);
@@ -304,8 +343,7 @@ absl::StatusOr<int64_t> SessionStore::Delete(const std::string& id, const std::s
   if (e == nullptr) return SessionNotFound(id);
   if (e->meta.busy) return Busy(id);
   const int64_t freed = e->meta.hot_bytes;
-  hot_bytes_ -= e->meta.hot_bytes;
-  cold_memory_bytes_ -= e->meta.cold_in_memory ? e->meta.cold_bytes : 0;
+  AccountLocked(e->meta.tenant, -1, -e->meta.hot_bytes, e->meta.cold_in_memory ? -e->meta.cold_bytes : 0);
   doomed = std::move(e->data);
   sessions_.erase(id);
   return freed;
@@ -320,8 +358,7 @@ std::vector<std::string> SessionStore::ReapExpired() {
     const SessionMeta& m = it->second.meta;
     if (!m.busy && now - m.last_used > m.ttl) {
       gone.push_back(m.id);
-      hot_bytes_ -= m.hot_bytes;
-      cold_memory_bytes_ -= m.cold_in_memory ? m.cold_bytes : 0;
+      AccountLocked(m.tenant, -1, -m.hot_bytes, m.cold_in_memory ? -m.cold_bytes : 0);
       doomed.push_back(std::move(it->second.data));
       sessions_.erase(it++);
     } else {

@@ -29,6 +29,7 @@
 #include "compression/report.h"
 #include "model/chat_template.h"
 #include "server/clock.h"
+#include "server/tenant_quota.h"
 
 namespace echokv::server {
 
@@ -69,6 +70,13 @@ struct SessionMeta {
   std::string tools_json;  // chat sessions: the latest tool definitions (JSON array; "" = none)
 };
 
+// What one tenant holds (live + reserved), checked against its TenantQuota.
+struct TenantUsage {
+  int sessions = 0;
+  int64_t hot_bytes = 0;
+  int64_t cold_memory_bytes = 0;
+};
+
 // Totals over live sessions (ServerInfo, metrics).
 struct StoreTotals {
   int sessions = 0;
@@ -84,9 +92,16 @@ class SessionStore {
   // `replica_id` ("" or a DNS label) prefixes every new id: "<replica>.<32 hex>".
   SessionStore(const SessionLimits& limits, const Clock* clock, std::string replica_id);
 
+  // Each tenant's own quotas (from the tokens file; replaced on reload). A tenant
+  // without an entry has none; the server-wide limits apply to everyone. A lowered
+  // quota never evicts: it refuses new sessions and growth until usage is below it.
+  void SetTenantQuotas(absl::flat_hash_map<std::string, TenantQuota> quotas);
+  TenantUsage UsageOf(const std::string& tenant) const;
+
   // Admission of a new session (create, fork, import, restore): a slot, the byte
   // estimates and a fresh unique id. RESOURCE_EXHAUSTED naming max_sessions,
-  // max_kv_bytes or max_cold_bytes. `cold_in_memory` says whether cold_bytes count.
+  // max_kv_bytes or max_cold_bytes (the server's, or "(N for tenant 'x')" for the
+  // tenant's quota). `cold_in_memory` says whether cold_bytes count.
   struct Reservation {
     uint64_t ticket = 0;
     std::string id;
@@ -146,7 +161,10 @@ class SessionStore {
     SessionMeta meta;
     std::shared_ptr<SessionData> data;  // tensors; shared so readers keep a snapshot alive
   };
-  absl::Status CheckLimitsLocked(int extra_sessions, int64_t hot_delta, int64_t cold_memory_delta) const
+  absl::Status CheckLimitsLocked(const std::string& tenant, int extra_sessions, int64_t hot_delta,
+                                 int64_t cold_memory_delta) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds to the server totals and the tenant's usage (deltas may be negative).
+  void AccountLocked(const std::string& tenant, int sessions, int64_t hot, int64_t cold_memory)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Entry* FindLocked(const std::string& id, const std::string& tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::string> NewIdLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -161,6 +179,8 @@ class SessionStore {
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t hot_bytes_ ABSL_GUARDED_BY(mu_) = 0;          // live + reserved
   int64_t cold_memory_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // live + reserved, in memory
+  absl::flat_hash_map<std::string, TenantUsage> usage_ ABSL_GUARDED_BY(mu_);   // tenants holding anything
+  absl::flat_hash_map<std::string, TenantQuota> quotas_ ABSL_GUARDED_BY(mu_);  // from the tokens file
 };
 
 // The NOT_FOUND every session lookup returns (never says whether the id exists for

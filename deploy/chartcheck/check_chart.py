@@ -47,9 +47,10 @@ INT_FLAGS = {
     "port", "metrics_port", "http_port", "threads", "prefill_chunk", "default_budget",
     "default_lookahead", "default_workspace", "default_window", "max_context_tokens",
     "max_new_tokens", "max_sessions", "max_kv_bytes", "max_cold_bytes",
-    "max_concurrent_streams", "max_request_bytes",
+    "max_concurrent_streams", "max_request_bytes", "max_streams_per_connection",
 }
-DURATION_FLAGS = {"session_ttl", "max_session_ttl", "shutdown_grace"}
+DURATION_FLAGS = {"session_ttl", "max_session_ttl", "shutdown_grace", "tls_refresh_interval",
+                  "max_connection_idle", "max_connection_age", "max_connection_age_grace"}
 ENUM_FLAGS = {
     "device": r"cpu|cuda(:[0-9]+)?",
     "dtype": r"float32|bfloat16|float16",
@@ -57,6 +58,7 @@ ENUM_FLAGS = {
     "default_memory": r"tiered|evict",
     "fsync": r"always|none",
     "insecure": r"true|false",
+    "reflection": r"true|false",
 }
 PATH_FLAGS = {"model", "state_dir", "auth_tokens_file", "tls_cert", "tls_key", "tls_client_ca",
               "flagfile", "port_file"}

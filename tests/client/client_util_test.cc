@@ -1,5 +1,6 @@
 // Tests of client/arg_parser.h and client/cli_util.h (no server involved).
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -180,6 +181,50 @@ TEST(FormatTest, InspectTableListsEveryGroupAndTotals) {
   EXPECT_THAT(table, HasSubstr("total         12"));
   EXPECT_THAT(table, HasSubstr("KV bytes retained 384 B of 1.50 KiB full-equivalent (25.0%)"));
   EXPECT_THAT(FormatInspect(response, /*positions=*/false), ::testing::Not(HasSubstr("positions:")));
+}
+
+}  // namespace
+}  // namespace echokv::client
+
+namespace echokv::client {
+namespace {
+
+TEST(LoadCredentialsTest, TokensAndTlsFilesAndTheirConflicts) {
+  const std::string dir = ::testing::TempDir() + "/echokv_cli_creds";
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  CredentialFlags f;
+  absl::StatusOr<Credentials> c = LoadCredentials(f, nullptr);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->bearer, "");
+  EXPECT_FALSE(c->tls);
+  c = LoadCredentials(f, "from-env");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->bearer, "from-env");
+  f.token_file = write("tok", "s3cret\n");
+  c = LoadCredentials(f, "from-env");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->bearer, "s3cret");  // the file wins over the environment, newline dropped
+  f.token = "inline";
+  EXPECT_THAT(LoadCredentials(f, nullptr).status().message(), ::testing::HasSubstr("--token and --token_file"));
+  f.token.reset();
+  f.token_file = write("empty", "\n");
+  EXPECT_THAT(LoadCredentials(f, nullptr).status().message(), ::testing::HasSubstr("is empty"));
+  f.token_file.reset();
+  f.tls_ca = write("ca.pem", "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n");
+  c = LoadCredentials(f, nullptr);
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->tls);
+  EXPECT_THAT(c->root_pem, ::testing::HasSubstr("BEGIN CERTIFICATE"));
+  f.tls_cert = f.tls_ca;
+  EXPECT_THAT(LoadCredentials(f, nullptr).status().message(), ::testing::HasSubstr("--tls_cert and --tls_key"));
+  f.tls_key = write("key", "not pem");
+  EXPECT_THAT(LoadCredentials(f, nullptr).status().message(), ::testing::HasSubstr("--tls_key: "));
+  f.tls_key = dir + "/missing";
+  EXPECT_THAT(LoadCredentials(f, nullptr).status().message(), ::testing::HasSubstr("--tls_key: "));
 }
 
 }  // namespace

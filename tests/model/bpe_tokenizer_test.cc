@@ -413,3 +413,49 @@ TEST(TinyBpe, LoadFromMissingDirFails) {
 
 }  // namespace
 }  // namespace echokv::model
+
+namespace echokv::model {
+namespace {
+
+// EncodeAtMost stops early on real byte-level BPE tokenizers and equals Encode
+// whenever the result fits (with and without special-token parsing and specials).
+TEST_F(RealTokenizers, BoundedEncodeEqualsFullWhenItFits) {
+  for (const Tokenizer* tok : {qwen_, gpt2_}) {
+    int checked = 0;
+    for (const std::string& text : MakeCorpus()) {
+      for (bool parse_special : {false, true}) {
+        for (bool add_special : {false, true}) {
+          EncodeOptions eo;
+          eo.parse_special = parse_special;
+          eo.add_special_tokens = add_special;
+          ASSERT_OK_AND_ASSIGN(std::vector<int> full, tok->Encode(text, eo));
+          const int64_t n = static_cast<int64_t>(full.size());
+          for (int64_t limit : {n, n + 2}) {
+            ASSERT_OK_AND_ASSIGN(BoundedEncoding b, tok->EncodeAtMost(text, eo, limit));
+            ASSERT_FALSE(b.exceeded) << text;
+            ASSERT_EQ(b.ids, full) << text;
+          }
+          if (n > 0) {
+            ASSERT_OK_AND_ASSIGN(BoundedEncoding b, tok->EncodeAtMost(text, eo, n - 1));
+            EXPECT_TRUE(b.exceeded) << text;
+            EXPECT_GT(b.at_least, n - 1);
+            EXPECT_LE(b.at_least, n);
+          }
+          ++checked;
+        }
+      }
+    }
+    EXPECT_GT(checked, 1000);
+    // Huge inputs: refused by the size bound, or after max_tokens ids of real work.
+    ASSERT_OK_AND_ASSIGN(BoundedEncoding huge, tok->EncodeAtMost(std::string(4 << 20, 'a'), EncodeOptions{}, 512));
+    EXPECT_TRUE(huge.exceeded);
+    std::string words;
+    while (words.size() < (1 << 20)) words += " the";  // each " the" is one token
+    ASSERT_OK_AND_ASSIGN(BoundedEncoding many, tok->EncodeAtMost(words, EncodeOptions{}, 100000));
+    EXPECT_TRUE(many.exceeded);
+    EXPECT_EQ(many.at_least, 100001);  // stopped right after the limit, not at 262144
+  }
+}
+
+}  // namespace
+}  // namespace echokv::model

@@ -344,5 +344,40 @@ TEST(RealTokenizers, MistralEveryGoldenChatCase) {
   EXPECT_EQ(EncodeRenderedChat("<s>Hello</s>world", *spm).value_or(std::vector<int>()), want);
 }
 
+// EncodeChatAtMost equals EncodeChat whenever the ids fit, and stops otherwise, for
+// the BPE (Qwen, ChatML) and SentencePiece (Mistral) paths.
+TEST(RealTokenizers, BoundedChatEncodeEqualsFullWhenItFits) {
+  ECHOKV_REQUIRE_TEST_DATA(dir);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Tokenizer> qwen, LoadBpeTokenizer(dir + "/tokenizers/qwen2.5"));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Tokenizer> spm, LoadTokenizer(dir + "/tokenizers/mistral-7b-v0.2"));
+  const std::vector<std::pair<ChatTemplate, const Tokenizer*>> cases = {
+      {Builtin("qwen2.5", Tokens("", "<|im_end|>")), qwen.get()}, {Builtin("mistral"), spm.get()}};
+  const std::vector<std::vector<ChatMessage>> chats = {
+      {{"user", "Hello there, how are you?"}},
+      {{"user", "Tell me a story about a dog."}, {"assistant", "Once upon a time </s> <|im_end|> a dog ran."},
+       {"user", "More!  Twice   the spaces.\n\nAnd lines."}}};
+  for (const auto& [tmpl, tok] : cases) {
+    for (const auto& chat : chats) {
+      ASSERT_OK_AND_ASSIGN(std::vector<int> full, EncodeChat(tmpl, chat, true, *tok));
+      const int64_t n = static_cast<int64_t>(full.size());
+      for (int64_t limit : {n, n + 5}) {
+        ASSERT_OK_AND_ASSIGN(BoundedEncoding b, EncodeChatAtMost(tmpl, chat, true, *tok, limit));
+        EXPECT_FALSE(b.exceeded);
+        EXPECT_EQ(b.ids, full);
+      }
+      for (int64_t limit : {int64_t{0}, n / 2, n - 1}) {
+        ASSERT_OK_AND_ASSIGN(BoundedEncoding b, EncodeChatAtMost(tmpl, chat, true, *tok, limit));
+        EXPECT_TRUE(b.exceeded) << limit;
+        EXPECT_GT(b.at_least, limit);
+        EXPECT_LE(b.at_least, n);
+      }
+    }
+    // A huge message stops early.
+    const std::vector<ChatMessage> huge = {{"user", std::string(1 << 20, 'a')}};
+    ASSERT_OK_AND_ASSIGN(BoundedEncoding b, EncodeChatAtMost(tmpl, huge, true, *tok, 512));
+    EXPECT_TRUE(b.exceeded);
+  }
+}
+
 }  // namespace
 }  // namespace echokv::model

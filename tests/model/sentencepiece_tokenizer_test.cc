@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -361,6 +362,88 @@ TEST(MistralTokenizerTest, TokenizerConfigAddBosAndEos) {
     EXPECT_THAT(LoadSentencePieceTokenizer(dir->path()),
                 StatusIs(absl::StatusCode::kInvalidArgument, "tokenizer_config.json"));
   }
+}
+
+}  // namespace
+}  // namespace echokv::model
+
+namespace echokv::model {
+namespace {
+
+// Random text that exercises the chunk cuts: runs of 1-3 spaces, leading and trailing
+// spaces, newlines and tabs, digits, multi-byte characters and characters outside a
+// small vocabulary (byte fallback).
+std::string RandomSpmText(std::mt19937* rng, size_t words) {
+  static const std::vector<std::string> kParts = {"Once", "upon", "a", "time", "the", "little", "dog", "ran",
+                                                  "42",   "2024", "é",  "東京", "🙂", "ß", "\n", "\t", ".", ",",
+                                                  "don't", "zzqx", "ÅÅ", "\xe2\x96\x81"};
+  std::string out;
+  if ((*rng)() % 3 == 0) out.append((*rng)() % 3 + 1, ' ');
+  for (size_t i = 0; i < words; ++i) {
+    out += kParts[(*rng)() % kParts.size()];
+    if ((*rng)() % 5 != 0) out.append((*rng)() % 6 == 0 ? (*rng)() % 3 + 2 : 1, ' ');
+  }
+  return out;
+}
+
+// EncodeAtMost with cuts every few bytes equals Encode whenever the result fits, and
+// reports "exceeded" (with a bound above the limit) exactly when it does not.
+void CheckBoundedEncodeEqualsFull(const std::string& dir) {
+  SentencePieceOptions small;
+  small.encode_chunk_bytes = 8;  // cut at nearly every word
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Tokenizer> tok, LoadSentencePieceTokenizer(dir, small));
+  std::mt19937 rng(7);
+  int cut_texts = 0;
+  for (int i = 0; i < 300; ++i) {
+    const std::string text = RandomSpmText(&rng, 1 + rng() % 40);
+    for (bool special : {true, false}) {
+      EncodeOptions eo;
+      eo.add_special_tokens = special;
+      ASSERT_OK_AND_ASSIGN(std::vector<int> full, tok->Encode(text, eo));
+      const int64_t n = static_cast<int64_t>(full.size());
+      for (int64_t limit : {n, n + 3}) {
+        ASSERT_OK_AND_ASSIGN(BoundedEncoding b, tok->EncodeAtMost(text, eo, limit));
+        ASSERT_FALSE(b.exceeded) << "'" << text << "'";
+        ASSERT_EQ(b.ids, full) << "'" << text << "' limit " << limit;
+      }
+      if (n > 0) {
+        ASSERT_OK_AND_ASSIGN(BoundedEncoding b, tok->EncodeAtMost(text, eo, n - 1));
+        EXPECT_TRUE(b.exceeded) << "'" << text << "'";
+        EXPECT_GT(b.at_least, n - 1);
+        EXPECT_LE(b.at_least, n);  // a lower bound of the true length
+      }
+    }
+    if (text.find(' ', 9) != std::string::npos) ++cut_texts;
+  }
+  EXPECT_GT(cut_texts, 100);
+  // Only the specials (an empty text): still measured against the limit.
+  ASSERT_OK_AND_ASSIGN(BoundedEncoding empty, tok->EncodeAtMost("", EncodeOptions{}, 0));
+  EXPECT_TRUE(empty.exceeded);
+  EXPECT_EQ(empty.at_least, 1);
+  // A huge text without spaces is refused from its size alone (byte fallback).
+  ASSERT_OK_AND_ASSIGN(BoundedEncoding huge, tok->EncodeAtMost(std::string(4 << 20, 'a'), EncodeOptions{}, 512));
+  EXPECT_TRUE(huge.exceeded);
+  EXPECT_GT(huge.at_least, 512);
+  // A long text of words just over the limit: the size bound cannot decide, so the
+  // chunks are encoded until the limit is passed, and no further.
+  std::string words;
+  while (words.size() < (256 << 10)) words += "the little dog ran ";
+  ASSERT_OK_AND_ASSIGN(std::vector<int> all, tok->Encode(words, EncodeOptions{}));
+  const int64_t limit = static_cast<int64_t>(all.size()) - 100;
+  ASSERT_OK_AND_ASSIGN(BoundedEncoding many, tok->EncodeAtMost(words, EncodeOptions{}, limit));
+  EXPECT_TRUE(many.exceeded);
+  EXPECT_GT(many.at_least, limit);
+  EXPECT_LE(many.at_least, limit + 16);  // stopped within one 8-byte chunk of the limit
+}
+
+TEST(BoundedEncodeTest, StoriesChunkedEqualsFull) {
+  ECHOKV_REQUIRE_TEST_DATA(data);
+  CheckBoundedEncodeEqualsFull(data + "/models/stories260K");
+}
+
+TEST(BoundedEncodeTest, MistralChunkedEqualsFull) {
+  ECHOKV_REQUIRE_TEST_DATA(data);
+  CheckBoundedEncodeEqualsFull(data + "/tokenizers/mistral-7b-v0.2");
 }
 
 }  // namespace

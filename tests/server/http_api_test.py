@@ -29,6 +29,7 @@ only guards against hangs.
 
 import argparse
 import http.client
+import hashlib
 import json
 import os
 import signal
@@ -65,6 +66,8 @@ class ServerProcess:
                 "--metrics-port", "0", "--http-port", "0", "--port-file", self.port_file,
                 "--threads", "1", "--http-send-buffer-bytes", str(SMALL_SNDBUF),
                 "--http-max-body-bytes", "262144"] + list(extra)
+        if "--auth_tokens_file" not in extra:
+            args.append("--insecure")
         self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_listening(self):
@@ -839,6 +842,56 @@ class NoChatTemplateTest(HttpTestCase):
             self.assertEqual(status, 200, body)
         finally:
             server.stop()
+
+
+class AuthTest(unittest.TestCase):
+    """The HTTP door checks the same bearer tokens as the gRPC door (server/auth.h): 401
+    without or with a wrong token, and another tenant's session is unknown (404) over
+    HTTP exactly as over gRPC."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="echokv-http-auth-")
+        tokens = os.path.join(cls.tmp.name, "tokens")
+        with open(tokens, "w") as f:
+            for tenant, token in (("alice", "tok-alice"), ("bob", "tok-bob")):
+                f.write("%s %s\n" % (tenant, hashlib.sha256(token.encode()).hexdigest()))
+        cls.server = ServerProcess(extra=["--auth_tokens_file", tokens]).wait_listening()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.tmp.cleanup()
+
+    def test_tokens_and_tenants(self):
+        alice = {"Authorization": "Bearer tok-alice"}
+        bob = {"Authorization": "Bearer tok-bob"}
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic dG9r"}):
+            status, _, payload = request("GET", "/v1/models", headers=headers, server=self.server)
+            self.assertEqual(status, 401, payload)
+            status, _, body = post("/v1/completions", {"model": "echokv", "prompt": "Once", "max_tokens": 2},
+                                   headers=headers, server=self.server)
+            self.assertEqual(status, 401, body)
+        status, _, payload = request("GET", "/v1/models", headers=alice, server=self.server)
+        self.assertEqual(status, 200, payload)
+        # A session alice creates over HTTP: bob cannot continue it over HTTP or gRPC.
+        status, _, body = post("/v1/chat/completions",
+                               chat_body([{"role": "user", "content": "Hi"}], max_tokens=2),
+                               headers=dict(alice, **{"x-echokv-session": "new"}), server=self.server)
+        self.assertEqual(status, 200, body)
+        sid = body["session_id"]
+        status, _, body = post("/v1/chat/completions",
+                               chat_body([{"role": "user", "content": "Hi"}], max_tokens=2),
+                               headers=dict(bob, **{"x-echokv-session": sid}), server=self.server)
+        self.assertEqual(status, 404, body)
+        grpc_bob = echokv.Client("127.0.0.1:%d" % self.server.grpc_port, token="tok-bob")
+        grpc_alice = echokv.Client("127.0.0.1:%d" % self.server.grpc_port, token="tok-alice")
+        self.addCleanup(grpc_bob.close)
+        self.addCleanup(grpc_alice.close)
+        with self.assertRaises(echokv.errors.NotFound):
+            grpc_bob.get(sid)
+        self.assertEqual([s.id for s in grpc_alice.list()], [sid])
+        grpc_alice.delete(sid)
 
 
 def main():

@@ -48,7 +48,7 @@ class ServerProcess {
   ServerProcess(const std::string& model, std::vector<std::string> extra) {
     dir_ = MakeTempDir("echokv_server_test");
     const std::string port_file = dir_ + "/ports";
-    std::vector<std::string> args = {ECHOKV_SERVER_BIN, "--model", model, "--host", "127.0.0.1",
+    std::vector<std::string> args = {ECHOKV_SERVER_BIN, "--model", model, "--insecure", "--host", "127.0.0.1",
                                      "--port", "0", "--metrics-port", "0", "--port-file", port_file,
                                      "--threads", "1"};
     args.insert(args.end(), extra.begin(), extra.end());

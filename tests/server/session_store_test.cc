@@ -159,6 +159,80 @@ TEST(SessionStoreTest, AnotherTenantsSessionLooksExactlyLikeAnUnknownOne) {
   EXPECT_EQ(store.List("alice").size(), 1u);
 }
 
+// Per-tenant quotas (the tokens file's max_sessions / max_kv_bytes / max_cold_bytes):
+// each tenant is held to its own numbers exactly, other tenants are unaffected, and
+// every path that frees bytes (delete, reap, unreserve, a smaller commit) gives them
+// back to the right tenant.
+TEST(SessionStoreTest, TenantQuotasAreExactAndPerTenant) {
+  FakeClock clock;
+  SessionStore store(SessionLimits{}, &clock, "");
+  TenantQuota a;
+  a.max_sessions = 2;
+  a.max_kv_bytes = 1000;
+  store.SetTenantQuotas({{"a", a}});
+  const std::string a1 = Create(store, 400, "a");
+  Create(store, 600, "a");  // exactly 1000 bytes
+  EXPECT_THAT(store.Reserve("a", 0, 0, false).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, "max_sessions (2 for tenant 'a') reached"));
+  // Tenant b has no quota of its own; the server-wide limits alone apply.
+  for (int i = 0; i < 5; ++i) Create(store, 1000, "b");
+  EXPECT_EQ(store.UsageOf("b").sessions, 5);
+  EXPECT_EQ(store.UsageOf("b").hot_bytes, 5000);
+  // Deleting frees a's slot and bytes: 400 bytes room, not 401.
+  ASSERT_THAT(store.Delete(a1, "a").status(), IsOk());
+  EXPECT_EQ(store.UsageOf("a").sessions, 1);
+  EXPECT_EQ(store.UsageOf("a").hot_bytes, 600);
+  EXPECT_THAT(store.Reserve("a", 401, 0, false).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, "max_kv_bytes (1000 for tenant 'a')"));
+  absl::StatusOr<SessionStore::Reservation> r = store.Reserve("a", 400, 0, false);
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_EQ(store.UsageOf("a").hot_bytes, 1000);
+  store.Unreserve(*r);
+  EXPECT_EQ(store.UsageOf("a").hot_bytes, 600);
+  EXPECT_EQ(store.UsageOf("a").sessions, 1);
+}
+
+TEST(SessionStoreTest, TenantQuotaAppliesToCommitGrowthAndColdBytes) {
+  FakeClock clock;
+  SessionStore store(SessionLimits{}, &clock, "");
+  TenantQuota q;
+  q.max_kv_bytes = 1000;
+  q.max_cold_bytes = 500;
+  store.SetTenantQuotas({{"t", q}});
+  const std::string id = Create(store, 300, "t");
+  ASSERT_THAT(store.Claim(id, "t").status(), IsOk());
+  EXPECT_THAT(store.Commit(id, Meta(1001), nullptr),
+              StatusIs(absl::StatusCode::kResourceExhausted, "max_kv_bytes (1000 for tenant 't')"));
+  EXPECT_THAT(store.Commit(id, Meta(1000, 500, true), nullptr), IsOk());  // the old 300 are freed
+  EXPECT_EQ(store.UsageOf("t").hot_bytes, 1000);
+  EXPECT_EQ(store.UsageOf("t").cold_memory_bytes, 500);
+  // A cold tier spilled to disk no longer counts; reloaded it counts again.
+  store.ReplaceData(id, nullptr, /*cold_in_memory=*/false);
+  EXPECT_EQ(store.UsageOf("t").cold_memory_bytes, 0);
+  EXPECT_THAT(store.Reserve("t", 0, 1, true).status(), IsOk());
+  EXPECT_THAT(store.Reserve("t", 0, 500, true).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, "max_cold_bytes (500 for tenant 't')"));
+  // Reaping an expired session gives its bytes back to its tenant.
+  clock.Advance(absl::Hours(1));
+  store.ReapExpired();
+  EXPECT_EQ(store.UsageOf("t").hot_bytes, 0);
+}
+
+TEST(SessionStoreTest, ReloadedQuotasApplyFromNowOnAndNeverEvict) {
+  FakeClock clock;
+  SessionStore store(SessionLimits{}, &clock, "");
+  Create(store, 10, "t");
+  Create(store, 10, "t");
+  TenantQuota q;
+  q.max_sessions = 1;
+  store.SetTenantQuotas({{"t", q}});  // lowered below usage: both sessions stay
+  EXPECT_EQ(store.List("t").size(), 2u);
+  EXPECT_THAT(store.Reserve("t", 1, 0, false).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, "max_sessions (1 for tenant 't')"));
+  store.SetTenantQuotas({});  // quota removed: the server-wide limits alone
+  EXPECT_THAT(store.Reserve("t", 1, 0, false).status(), IsOk());
+}
+
 TEST(SessionStoreTest, IdsCarryTheReplicaPrefixAndAreUnique) {
   FakeClock clock;
   SessionStore store(SessionLimits{}, &clock, "echokv-2");

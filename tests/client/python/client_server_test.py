@@ -15,6 +15,7 @@ and fully in client_fake_test.py; each such check prints a "NOTE".
 """
 
 import argparse
+import hashlib
 import asyncio
 import json
 import os
@@ -50,13 +51,14 @@ def free_port():
 class ServerProcess:
     """echokv-server on loopback with stories260K; port 0 + --port-file unless `port`."""
 
-    def __init__(self, extra=(), port=0):
+    def __init__(self, extra=(), port=0, secure=False):
         self.tmp = tempfile.TemporaryDirectory(prefix="echokv-pyclient-")
         self.port_file = os.path.join(self.tmp.name, "ports")
         self.log_path = os.path.join(self.tmp.name, "server.log")
         self.log = open(self.log_path, "w")
         self.process = subprocess.Popen(
-            [ARGS.server_binary, "--model", ARGS.model, "--host", "127.0.0.1",
+            [ARGS.server_binary, "--model", ARGS.model, "--host", "127.0.0.1"]
+            + ([] if secure else ["--insecure"]) + [
              "--port", str(port), "--metrics-port=-1", "--port-file", self.port_file,
              "--threads", "1"] + list(extra),
             stdout=self.log, stderr=subprocess.STDOUT)
@@ -129,7 +131,7 @@ class SyncRoundTripTest(ServerTestCase):
     def test_every_rpc(self):
         with open(os.path.join(ARGS.model, "config.json")) as f:
             config = json.load(f)
-        # A bearer token is sent on every call; today's server ignores it (issue 12).
+        # A bearer token is sent on every call; this server runs --insecure and ignores it.
         client = self.client(token="not-checked-yet")
         self.assertEqual(client.health(), "SERVING")
         self.assertEqual(client.health("echokv.v1.EchoKV"), "SERVING")
@@ -470,6 +472,78 @@ class MemoryTest(ServerTestCase):
         self.assertIn("branch: ", done.stdout)
         self.assertRegex(done.stdout, r"KV bytes held \(\d+% saved\)")
         self.assertEqual(len(self.client().list()), before)
+
+
+def _sh(cmd, cwd):
+    subprocess.run(cmd, cwd=cwd, shell=True, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+
+
+class SecuredServerTest(unittest.TestCase):
+    """The client's TLS and token options against a server with --auth_tokens_file and
+    mutual TLS (a throwaway CA made with the openssl CLI)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="echokv-secure-")
+        d = cls.tmp.name
+        ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+        _sh("openssl req -x509 %s -keyout ca.key -out ca.pem -days 2 -subj /CN=test-ca" % ec, d)
+        for name, cn, ext in (("server", "localhost", "subjectAltName=DNS:localhost,IP:127.0.0.1"),
+                              ("client", "client", "extendedKeyUsage=clientAuth")):
+            _sh("openssl req %s -keyout %s.key -out %s.csr -subj /CN=%s" % (ec, name, name, cn), d)
+            with open(os.path.join(d, name + ".ext"), "w") as f:
+                f.write(ext + "\n")
+            _sh("openssl x509 -req -in %s.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out %s.pem "
+                "-days 2 -extfile %s.ext" % (name, name, name), d)
+        with open(os.path.join(d, "tokens"), "w") as f:
+            for tenant, token in (("alice", "tok-alice"), ("bob", "tok-bob")):
+                f.write("%s %s\n" % (tenant, hashlib.sha256(token.encode()).hexdigest()))
+        cls.server = ServerProcess(extra=[
+            "--auth_tokens_file", os.path.join(d, "tokens"),
+            "--tls_cert", os.path.join(d, "server.pem"), "--tls_key", os.path.join(d, "server.key"),
+            "--tls_client_ca", os.path.join(d, "ca.pem")], secure=True).wait_listening()
+        cls.address = "localhost:%d" % cls.server.port
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.tmp.cleanup()
+
+    def tls(self, client_cert=True):
+        d = self.tmp.name
+        if not client_cert:
+            return echokv.TLS(root_certificates=os.path.join(d, "ca.pem"))
+        return echokv.TLS(root_certificates=os.path.join(d, "ca.pem"),
+                          certificate_chain=os.path.join(d, "client.pem"),
+                          private_key=os.path.join(d, "client.key"))
+
+    def client(self, **kwargs):
+        kwargs.setdefault("retry", False)
+        client = echokv.Client(self.address, **kwargs)
+        self.addCleanup(client.close)
+        return client
+
+    def test_tokens_tenants_and_mutual_tls(self):
+        alice = self.client(tls=self.tls(), token="tok-alice")
+        bob = self.client(tls=self.tls(), token=lambda: "tok-bob")  # a callable is asked per call
+        self.assertEqual(self.client(tls=self.tls()).health("echokv.v1.EchoKV"), "SERVING")  # no token
+        session = alice.create(STORY, policy="snapkv", budget=BUDGET)
+        self.assertGreater(len(alice.generate(session.id, max_tokens=6).collect().token_ids), 0)
+        self.assertEqual([s.id for s in alice.list()], [session.id])
+        self.assertEqual(bob.list(), [])
+        with self.assertRaises(echokv.errors.NotFound):
+            bob.get(session.id)
+        with self.assertRaises(echokv.errors.NotFound):
+            bob.delete(session.id)
+        with self.assertRaises(echokv.errors.Unauthenticated):
+            self.client(tls=self.tls()).info()
+        with self.assertRaises(echokv.errors.Unauthenticated):
+            self.client(tls=self.tls(), token="tok-wrong").info()
+        # No client certificate: the handshake fails.
+        with self.assertRaises(echokv.errors.Unavailable):
+            self.client(tls=self.tls(client_cert=False), token="tok-alice", timeout=10).info()
+        alice.delete(session.id)
 
 
 def main():
