@@ -505,6 +505,73 @@ int RunCompress(Globals globals, const std::vector<std::string>& args) {
   return kExitOk;
 }
 
+int RunExport(Globals globals, const std::vector<std::string>& args) {
+  ArgParser parser("export SESSION > snapshot.echokv");
+  std::vector<std::string> pos;
+  if (auto rc = ParseOrFail(parser, globals, args, 1, &pos)) return *rc;
+  if (isatty(STDOUT_FILENO) != 0) {
+    return UsageFail("export writes binary bytes: redirect stdout to a file", parser);
+  }
+  v1::ExportSessionRequest request;
+  request.set_session_id(pos[0]);
+  Cli cli(globals);
+  grpc::ClientContext context;  // no deadline: a snapshot can be large (Ctrl-C cancels)
+  auto reader = cli.stub().ExportSession(&context, request);
+  v1::SessionSnapshotChunk chunk;
+  int64_t total = 0;
+  while (reader->Read(&chunk)) {
+    if (std::fwrite(chunk.data().data(), 1, chunk.data().size(), stdout) != chunk.data().size()) {
+      context.TryCancel();
+      reader->Finish();
+      return Fail(absl::DataLossError("export: writing stdout failed"));
+    }
+    total += static_cast<int64_t>(chunk.data().size());
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return Fail(status);
+  if (std::fflush(stdout) != 0) return Fail(absl::DataLossError("export: writing stdout failed"));
+  std::fprintf(stderr, "exported %s (%s)\n", pos[0].c_str(), FormatBytes(total).c_str());
+  return kExitOk;
+}
+
+int RunImport(Globals globals, const std::vector<std::string>& args) {
+  ArgParser parser("import [--keep-id] [--ttl SECONDS] [--id-only] < snapshot.echokv");
+  std::optional<bool> keep_id;
+  std::optional<int64_t> ttl;
+  std::optional<bool> id_only;
+  parser.AddBool("keep-id", &keep_id, "keep the snapshot's session id (error when taken)");
+  parser.AddInt("ttl", &ttl, "idle expiry of the imported session (default: the snapshot's)");
+  parser.AddBool("id-only", &id_only, "print only the new session id");
+  std::vector<std::string> pos;
+  if (auto rc = ParseOrFail(parser, globals, args, 0, &pos)) return *rc;
+  if (isatty(STDIN_FILENO) != 0) return UsageFail("import reads a snapshot from stdin: redirect it", parser);
+  Cli cli(globals);
+  grpc::ClientContext context;
+  v1::Session session;
+  auto writer = cli.stub().ImportSession(&context, &session);
+  v1::ImportSessionRequest header;
+  header.mutable_header()->set_keep_id(keep_id.value_or(false));
+  if (ttl.has_value()) header.mutable_header()->set_ttl_seconds(*ttl);
+  bool open = writer->Write(header);
+  std::string buffer(1 << 20, '\0');
+  while (open) {
+    const size_t n = std::fread(buffer.data(), 1, buffer.size(), stdin);
+    if (n == 0) break;
+    v1::ImportSessionRequest data;
+    data.set_data(buffer.data(), n);
+    open = writer->Write(data);
+  }
+  if (std::ferror(stdin) != 0) {
+    context.TryCancel();
+    writer->Finish();
+    return Fail(absl::DataLossError("import: reading stdin failed"));
+  }
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  if (!status.ok()) return Fail(status);
+  return PrintSession(session, id_only.value_or(false));
+}
+
 using Command = std::function<int(Globals, const std::vector<std::string>&)>;
 
 const std::map<std::string, std::pair<Command, const char*>>& Commands() {
@@ -520,6 +587,8 @@ const std::map<std::string, std::pair<Command, const char*>>& Commands() {
       {"fork", {RunFork, "copy a session"}},
       {"delete", {RunDelete, "free a session"}},
       {"compress", {RunCompress, "stateless: which positions a policy keeps (nothing stored)"}},
+      {"export", {RunExport, "write a session's snapshot to stdout (ExportSession)"}},
+      {"import", {RunImport, "recreate a session from a snapshot on stdin (ImportSession)"}},
   };
   return *commands;
 }

@@ -4,15 +4,37 @@
 #   scripts/test.sh -L unit         # extra arguments go to ctest
 # Tests labelled `model` need real data: ECHOKV_TEST_DATA defaults to ../shared
 # beside the checkout when that folder exists; they skip with a message otherwise.
+# With CI=true (or ECHOKV_STRICT=1) a missing data folder, an empty test selection or
+# any skipped test is an error: a skipped test is not a passed test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+strict=0
+if [[ "${CI:-}" == "true" || "${ECHOKV_STRICT:-}" == "1" ]]; then strict=1; fi
 scripts/setup.sh
 if [[ -z "${ECHOKV_TEST_DATA:-}" && -d ../shared/models ]]; then
   export ECHOKV_TEST_DATA="$(cd ../shared && pwd)"
+fi
+if ((strict)) && [[ -z "${ECHOKV_TEST_DATA:-}" || ! -d "${ECHOKV_TEST_DATA}/models/stories260K" ]]; then
+  echo "test: CI needs the real test data: ECHOKV_TEST_DATA='${ECHOKV_TEST_DATA:-}' has no models/stories260K" >&2
+  exit 1
 fi
 echo "test: ECHOKV_TEST_DATA=${ECHOKV_TEST_DATA:-<unset: model tests will skip>}" >&2
 # One LibTorch thread per test process: ctest runs tests in parallel, and OpenMP
 # regions with more threads than free cores stall on each other.
 export ECHOKV_THREADS="${ECHOKV_THREADS:-1}"
 cd "${ECHOKV_BUILD_DIR:-build}"
-ctest --output-on-failure -j "${ECHOKV_TEST_JOBS:-2}" "$@"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+rc=0
+ctest --output-on-failure --no-tests=error -j "${ECHOKV_TEST_JOBS:-2}" "$@" 2>&1 | tee "$log" || rc=$?
+if ((rc != 0)); then exit "$rc"; fi
+if ((strict)); then
+  if ! ../scripts/check_no_skips.sh "$log"; then
+    # Show why each skipped test skipped (its binary lists every case and reason).
+    names="$(sed -nE 's/^[[:space:]]*[0-9]+ - ([^ ]+) \((Skipped|Not Run|Disabled)\).*/\1/p' "$log" | paste -sd'|')"
+    if [[ -n "$names" ]]; then
+      ctest -V -R "^(${names})\$" 2>&1 | grep -E 'echokv-test:|^[0-9]+: +[A-Za-z0-9_/]+\.[A-Za-z0-9_/]+: |SKIP' || true
+    fi
+    exit 1
+  fi
+fi

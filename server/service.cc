@@ -12,7 +12,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "server/grpc_auth.h"
+#include "server/session_store.h"
 #include "server/status_util.h"
 #include "server/wire_check.h"
 
@@ -220,11 +223,30 @@ grpc::ByteBuffer ToBytes(const google::protobuf::MessageLite& message) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
+// A request for a session whose id names another replica ("<owner>.<hex>") carries the
+// owner back in trailing metadata, so that a NOT_FOUND tells routers and clients where
+// the session lives (docs/DEPLOY.md, routing). Sessions imported with keep_id keep a
+// foreign prefix and are still served here: the hint only matters with NOT_FOUND.
+constexpr char kOwnerMetadata[] = "x-echokv-owner";
+
+void HintOwner(grpc::CallbackServerContext* ctx, const google::protobuf::Message& request,
+               const std::string& replica_id) {
+  const google::protobuf::FieldDescriptor* field = request.GetDescriptor()->FindFieldByName("session_id");
+  if (field == nullptr || field->type() != google::protobuf::FieldDescriptor::TYPE_STRING || field->is_repeated()) {
+    return;
+  }
+  const std::string id = request.GetReflection()->GetString(request, field);
+  const size_t dot = id.find('.');
+  if (dot == std::string::npos || !IsValidSessionId(id)) return;
+  const std::string owner = id.substr(0, dot);
+  if (owner != replica_id) ctx->AddTrailingMetadata(kOwnerMetadata, owner);
+}
+
 // Authenticates the call, then parses its request (wire_check.h): UNAUTHENTICATED, or
 // INVALID_ARGUMENT naming the bad field / the malformed message.
 template <typename Request>
-absl::StatusOr<Caller> Admit(grpc::CallbackServerContext* ctx, const TokenStore* tokens, const grpc::ByteBuffer* raw,
-                             Request* request) {
+absl::StatusOr<Caller> Admit(grpc::CallbackServerContext* ctx, const TokenStore* tokens, const std::string& replica_id,
+                             const grpc::ByteBuffer* raw, Request* request) {
   absl::StatusOr<Caller> caller = CallerFromGrpc(*ctx, tokens);
   if (!caller.ok()) return caller.status();
   std::string bytes;
@@ -235,6 +257,7 @@ absl::StatusOr<Caller> Admit(grpc::CallbackServerContext* ctx, const TokenStore*
     for (const grpc::Slice& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
   }
   if (absl::Status s = ParseRequest(bytes, request); !s.ok()) return s;
+  HintOwner(ctx, *request, replica_id);
   return caller;
 }
 
@@ -410,6 +433,87 @@ DoneFn<SessionInfo> SessionToStream(StreamReactor<pb::SessionProgress>* reactor)
   };
 }
 
+// ImportSession: the client streams a header, then the snapshot's bytes. Each data
+// message is fed to the engine's importer; the next read starts once it is consumed
+// (flow control reaches the client). Half-close finishes the import; an error or a
+// cancel before that creates nothing.
+class ImportReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  ImportReactor(EchoKvService* service, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* out)
+      : service_(service), ctx_(ctx), out_(out) {}
+
+  void Start() {
+    absl::StatusOr<Caller> caller = CallerFromGrpc(*ctx_, service_->tokens());
+    if (!caller.ok()) return Fail(caller.status());
+    caller_ = *caller;
+    if (absl::Status s = service_->AcquireStream(caller_.tenant); !s.ok()) return Fail(s);
+    slot_tenant_ = caller_.tenant;
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client half-closed (or went away)
+      if (ctx_->IsCancelled()) return Fail(absl::CancelledError("ImportSession: cancelled by the client"));
+      if (import_ == nullptr) return Fail(absl::InvalidArgumentError("ImportSession: the stream carried no header"));
+      import_->Finish([this](absl::StatusOr<SessionInfo> s) {
+        if (!s.ok()) return Fail(s.status());
+        pb::Session session;
+        FillSession(*s, &session);
+        *out_ = ToBytes(session);
+        Fail(absl::OkStatus());
+      });
+      return;
+    }
+    std::vector<grpc::Slice> slices;
+    std::string bytes;
+    if (!in_.Dump(&slices).ok()) return Fail(absl::InvalidArgumentError("ImportSession: unreadable message"));
+    for (const grpc::Slice& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    pb::ImportSessionRequest msg;
+    if (absl::Status s = ParseRequest(bytes, &msg); !s.ok()) return Fail(s);
+    if (import_ == nullptr) {
+      if (!msg.has_header()) {
+        return Fail(absl::InvalidArgumentError("ImportSession: the first message must carry the header"));
+      }
+      const pb::ImportSessionRequest::Header& h = msg.header();
+      if (h.has_ttl_seconds() && h.ttl_seconds() <= 0) {
+        return Fail(absl::InvalidArgumentError("header.ttl_seconds: must be > 0"));
+      }
+      import_ = service_->engine()->BeginImport(caller_, h.keep_id(), ToTtl(h.has_ttl_seconds(), h.ttl_seconds()));
+      StartRead(&in_);
+      return;
+    }
+    if (msg.has_header()) return Fail(absl::InvalidArgumentError("ImportSession: a second header"));
+    import_->Feed(std::move(*msg.mutable_data()), [this](absl::Status s) {
+      if (!s.ok()) return Fail(s);
+      StartRead(&in_);
+    });
+  }
+
+  void OnDone() override {
+    if (service_->metrics() != nullptr) service_->metrics()->OnRequest("ImportSession", CodeName(code_));
+    if (slot_tenant_.has_value()) service_->ReleaseStream(*slot_tenant_);
+    delete this;
+  }
+
+ private:
+  // Ends the call with `status` (OK after the response is filled).
+  void Fail(const absl::Status& status) {
+    const grpc::Status st = ToGrpcStatus(status);
+    code_ = st.error_code();
+    import_.reset();  // nothing is created without Finish
+    Finish(st);
+  }
+
+  EchoKvService* service_;              // not owned
+  grpc::CallbackServerContext* ctx_;    // owned by gRPC, valid until OnDone
+  grpc::ByteBuffer* out_;               // the raw response (owned by gRPC)
+  grpc::ByteBuffer in_;                 // the message being read
+  Caller caller_;
+  std::unique_ptr<SessionImport> import_;  // after the header
+  std::optional<std::string> slot_tenant_;
+  grpc::StatusCode code_ = grpc::StatusCode::OK;
+};
+
 }  // namespace
 
 EchoKvService::EchoKvService(Engine* engine, Metrics* metrics, const TokenStore* tokens, int stream_reserve)
@@ -447,7 +551,7 @@ EchoKvService::Unary* EchoKvService::GetServerInfo(grpc::CallbackServerContext* 
                                                    grpc::ByteBuffer* out) {
   auto* reactor = new UnaryReactor<pb::ServerInfo>(this, "GetServerInfo", out);
   pb::GetServerInfoRequest request;
-  if (absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request); !caller.ok()) {
+  if (absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request); !caller.ok()) {
     reactor->Done(caller.status());
     return reactor;
   }
@@ -496,7 +600,7 @@ EchoKvService::Stream* EchoKvService::CreateSession(grpc::CallbackServerContext*
   auto* reactor = new StreamReactor<pb::SessionProgress>(this, "CreateSession");
   pb::CreateSessionRequest request_msg;
   const pb::CreateSessionRequest* request = &request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
   if (!caller.ok()) {
     reactor->Close(caller.status());
     return reactor;
@@ -532,7 +636,7 @@ EchoKvService::Stream* EchoKvService::AppendToSession(grpc::CallbackServerContex
   auto* reactor = new StreamReactor<pb::SessionProgress>(this, "AppendToSession");
   pb::AppendToSessionRequest request_msg;
   const pb::AppendToSessionRequest* request = &request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
   if (!caller.ok()) {
     reactor->Close(caller.status());
     return reactor;
@@ -553,7 +657,7 @@ EchoKvService::Stream* EchoKvService::Generate(grpc::CallbackServerContext* ctx,
   auto* reactor = new StreamReactor<pb::GenerateResponse>(this, "Generate");
   pb::GenerateRequest request_msg;
   const pb::GenerateRequest* request = &request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
   if (!caller.ok()) {
     reactor->Close(caller.status());
     return reactor;
@@ -629,7 +733,7 @@ EchoKvService::Unary* EchoKvService::ForkSession(grpc::CallbackServerContext* ct
   auto* reactor = new UnaryReactor<pb::Session>(this, "ForkSession", out);
   pb::ForkSessionRequest request_msg;
   const pb::ForkSessionRequest* request = &request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
   if (!caller.ok()) {
     reactor->Done(caller.status());
     return reactor;
@@ -647,7 +751,7 @@ EchoKvService::Unary* EchoKvService::GetSession(grpc::CallbackServerContext* ctx
                                                  grpc::ByteBuffer* out) {
   auto* reactor = new UnaryReactor<pb::Session>(this, "GetSession", out);
   pb::GetSessionRequest request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
   if (!caller.ok()) {
     reactor->Done(caller.status());
     return reactor;
@@ -678,7 +782,7 @@ EchoKvService::Unary* EchoKvService::ListSessions(grpc::CallbackServerContext* c
   auto* reactor = new UnaryReactor<pb::ListSessionsResponse>(this, "ListSessions", out);
   pb::ListSessionsRequest request_msg;
   const pb::ListSessionsRequest* request = &request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
   if (!caller.ok()) {
     reactor->Done(caller.status());
     return reactor;
@@ -698,7 +802,7 @@ EchoKvService::Unary* EchoKvService::DeleteSession(grpc::CallbackServerContext* 
   auto* reactor = new UnaryReactor<pb::DeleteSessionResponse>(this, "DeleteSession", out);
   pb::DeleteSessionRequest request_msg;
   const pb::DeleteSessionRequest* request = &request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
   if (!caller.ok()) {
     reactor->Done(caller.status());
     return reactor;
@@ -716,7 +820,7 @@ EchoKvService::Unary* EchoKvService::InspectCache(grpc::CallbackServerContext* c
   auto* reactor = new UnaryReactor<pb::InspectCacheResponse>(this, "InspectCache", out);
   pb::InspectCacheRequest request_msg;
   const pb::InspectCacheRequest* request = &request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
   if (!caller.ok()) {
     reactor->Done(caller.status());
     return reactor;
@@ -745,7 +849,7 @@ EchoKvService::Unary* EchoKvService::Compress(grpc::CallbackServerContext* ctx, 
   auto* reactor = new UnaryReactor<pb::CompressResponse>(this, "Compress", out);
   pb::CompressRequest request_msg;
   const pb::CompressRequest* request = &request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, raw, &request_msg);
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
   if (!caller.ok()) {
     reactor->Done(caller.status());
     return reactor;
@@ -770,6 +874,37 @@ EchoKvService::Unary* EchoKvService::Compress(grpc::CallbackServerContext* ctx, 
                       }
                       reactor->Done(c.status());
                     });
+  return reactor;
+}
+
+EchoKvService::Stream* EchoKvService::ExportSession(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw) {
+  auto* reactor = new StreamReactor<pb::SessionSnapshotChunk>(this, "ExportSession");
+  pb::ExportSessionRequest request;
+  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request);
+  if (!caller.ok()) {
+    reactor->Close(caller.status());
+    return reactor;
+  }
+  if (absl::Status s = reactor->TakeSlot(caller->tenant); !s.ok()) {
+    reactor->Close(s);
+    return reactor;
+  }
+  ExportSink sink;
+  sink.on_chunk = [reactor](std::string bytes) {
+    pb::SessionSnapshotChunk chunk;
+    chunk.set_data(std::move(bytes));
+    reactor->Push(std::move(chunk));
+  };
+  sink.backlog = [reactor] { return reactor->Backlog(); };
+  engine_->ExportSession(*caller, request.session_id(), reactor->cancel(), std::move(sink),
+                         [reactor](absl::StatusOr<int64_t> total) { reactor->Close(total.status()); });
+  return reactor;
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* EchoKvService::ImportSession(grpc::CallbackServerContext* ctx,
+                                                                        grpc::ByteBuffer* out) {
+  auto* reactor = new ImportReactor(this, ctx, out);
+  reactor->Start();
   return reactor;
 }
 

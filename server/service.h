@@ -29,15 +29,14 @@
 
 namespace echokv::server {
 
-// Every implemented method takes raw bytes; ExportSession / ImportSession keep the
-// generated typed signatures until they are implemented.
+// Every method takes raw bytes (parsed and checked by wire_check.h at the edge).
 using EchoKvServiceBase = v1::EchoKV::WithRawCallbackMethod_GetServerInfo<
     v1::EchoKV::WithRawCallbackMethod_CreateSession<v1::EchoKV::WithRawCallbackMethod_AppendToSession<
         v1::EchoKV::WithRawCallbackMethod_Generate<v1::EchoKV::WithRawCallbackMethod_ForkSession<
             v1::EchoKV::WithRawCallbackMethod_GetSession<v1::EchoKV::WithRawCallbackMethod_ListSessions<
                 v1::EchoKV::WithRawCallbackMethod_DeleteSession<v1::EchoKV::WithRawCallbackMethod_InspectCache<
-                    v1::EchoKV::WithRawCallbackMethod_Compress<v1::EchoKV::WithCallbackMethod_ExportSession<
-                        v1::EchoKV::WithCallbackMethod_ImportSession<v1::EchoKV::Service>>>>>>>>>>>>;
+                    v1::EchoKV::WithRawCallbackMethod_Compress<v1::EchoKV::WithRawCallbackMethod_ExportSession<
+                        v1::EchoKV::WithRawCallbackMethod_ImportSession<v1::EchoKV::Service>>>>>>>>>>>>;
 
 class EchoKvService final : public EchoKvServiceBase {
  public:
@@ -64,6 +63,9 @@ class EchoKvService final : public EchoKvServiceBase {
                       grpc::ByteBuffer* response) override;
   Unary* Compress(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                   grpc::ByteBuffer* response) override;
+  Stream* ExportSession(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* ImportSession(grpc::CallbackServerContext* ctx,
+                                                           grpc::ByteBuffer* response) override;
 
   // Streaming RPCs (and Compress) in flight.
   int streams_in_flight() const { return slots_.in_flight(); }

@@ -173,8 +173,9 @@ TEST_F(RealTokenizers, PathologicalMegabyteInputsAreFast) {
       ASSERT_OK_AND_ASSIGN(std::vector<int> ids, tok->Encode(text));
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      // A generous bound that only catches a quadratic merge loop (see BENCHMARKS.md).
-      EXPECT_LT(seconds, 10.0) << "char '" << c << "'";
+      // No wall-clock bound here (a loaded 2-core machine must not fail a correct
+      // tokenizer): a quadratic merge loop on 1 MB runs for hours and hits the ctest
+      // TIMEOUT; the speed itself is measured by echokv-bench-tokenizer (BENCHMARKS.md).
       std::cout << (tok == qwen_ ? "qwen2.5" : "gpt2") << " 1 MB of '" << c << "': " << seconds
                 << " s, " << ids.size() << " ids\n";
       EXPECT_LE(ids.size(), text.size());  // Qwen splits digits one by one

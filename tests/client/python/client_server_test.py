@@ -295,10 +295,16 @@ class ErrorMappingTest(ServerTestCase):
     def test_busy_session(self):
         """A commit=True Generate holds the session's mutation slot from its first
         delta until it ends: an append meanwhile is SessionBusy; cancelling the
-        generation leaves the session unchanged."""
-        client = self.client()
+        generation leaves the session unchanged.
+
+        No race: this client advertises a 1 KiB HTTP/2 window (and no BDP growth) and
+        reads one delta only, so the server's writes stall once the window fills, the
+        engine holds the stream back (its backlog is full) and the generation cannot end
+        before the append arrives, however loaded the machine is."""
+        client = self.client(channel_options=[("grpc.http2.lookahead_bytes", 1024),
+                                              ("grpc.http2.bdp_probe", 0)])
         session = client.create(STORY, budget=BUDGET)
-        stream = client.generate(session.id, max_tokens=100, ignore_eos=True, commit=True)
+        stream = client.generate(session.id, max_tokens=300, ignore_eos=True, commit=True)
         next(stream)
         with self.assertRaises(echokv.SessionBusy) as caught:
             client.append(session.id, " more")
@@ -315,6 +321,102 @@ class ErrorMappingTest(ServerTestCase):
         self.assertFalse(current.busy)
         self.assertEqual(current.tokens_seen, session.tokens_seen)
         client.delete(session.id)
+
+    def test_export_import_moves_a_session_between_servers(self):
+        """ExportSession on one server process, ImportSession on another (one in memory,
+        one with a state dir and tiered memory): the imported session holds the same
+        tokens and continues with the same greedy tokens; it grows on its own after.
+        A truncated or tampered snapshot creates nothing; keep_id on a taken id is
+        AlreadyExists; an unknown id is NotFound."""
+        client = self.client()
+        session = client.create(STORY, budget=BUDGET, policy="echokv")
+        committed = client.generate(session.id, max_tokens=6, commit=True).collect()
+        reference = client.generate(session.id, max_tokens=16).collect()
+        snapshot = b"".join(client.export(session.id))
+        self.assertGreater(len(snapshot), 64)
+        with tempfile.TemporaryDirectory(prefix="echokv-state-") as state:
+            other = ServerProcess(extra=["--state-dir", state]).wait_listening()
+            try:
+                remote = echokv.Client("127.0.0.1:%d" % other.port)
+                self.addCleanup(remote.close)
+                before = len(remote.list())
+                for bad in (snapshot[:len(snapshot) // 2],
+                            snapshot[:-40] + bytes(b ^ 0x5A for b in snapshot[-40:])):
+                    with self.assertRaises((echokv.InvalidArgument, echokv.DataLoss)):
+                        remote.import_(bad)
+                self.assertEqual(len(remote.list()), before, "a failed import created a session")
+                moved = remote.import_(snapshot)
+                self.assertNotEqual(moved.id, "")
+                self.assertEqual(moved.tokens_seen, committed.session.tokens_seen)
+                again = remote.generate(moved.id, max_tokens=16).collect()
+                self.assertEqual(again.token_ids, reference.token_ids)
+                kept = remote.import_(snapshot, keep_id=True)
+                self.assertEqual(kept.id, session.id)
+                with self.assertRaises(echokv.AlreadyExists):
+                    remote.import_(snapshot, keep_id=True)
+                remote.append(moved.id, " The end.")
+                self.assertGreater(remote.get(moved.id).tokens_seen, moved.tokens_seen)
+                # The way back: the grown session returns to the first server.
+                back = client.import_(b"".join(remote.export(moved.id)))
+                self.assertEqual(back.tokens_seen, remote.get(moved.id).tokens_seen)
+                with self.assertRaises(echokv.NotFound):
+                    b"".join(remote.export("0" * 32))
+            finally:
+                other.stop()
+
+    def test_three_replicas_route_by_owner_and_survive_a_kill(self):
+        """Issue 11's cluster stand-in: three servers with owner-prefixed ids and their own
+        state dirs. The client (replicas={name: address}) sends every request of 20
+        sessions to the replica its id names; a replica asked for a session it does not
+        own answers NotFound naming the owner; one replica is killed (SIGKILL) and
+        restarted on its state dir, and its sessions continue identically."""
+        names = ["echokv-0", "echokv-1", "echokv-2"]
+        with tempfile.TemporaryDirectory(prefix="echokv-replicas-") as root:
+            servers = {}
+            try:
+                for name in names:
+                    servers[name] = ServerProcess(extra=[
+                        "--replica-id", name, "--state-dir", os.path.join(root, name)]).wait_listening()
+                addresses = {n: "127.0.0.1:%d" % servers[n].port for n in names}
+                client = echokv.Client(replicas=addresses)
+                self.addCleanup(client.close)
+                direct = {n: echokv.Client(addresses[n], retry=False) for n in names}
+                for c in direct.values():
+                    self.addCleanup(c.close)
+                sessions = []
+                for i in range(20):
+                    session = client.create("%s Number %d." % (STORY, i), budget=BUDGET)
+                    owner = session.id.split(".")[0]
+                    self.assertIn(owner, names)
+                    client.generate(session.id, max_tokens=4, commit=True).collect()
+                    reference = client.generate(session.id, max_tokens=8).collect().token_ids
+                    sessions.append((session.id, owner, reference))
+                self.assertEqual({o for _, o, _ in sessions}, set(names), "new sessions spread")
+                for name in names:
+                    listed = {s.id for s in direct[name].list()}
+                    self.assertEqual(listed, {i for i, o, _ in sessions if o == name})
+                # A replica that does not own a session names the owner.
+                sid, owner, _ = sessions[0]
+                stranger = next(n for n in names if n != owner)
+                with self.assertRaises(echokv.NotFound) as caught:
+                    direct[stranger].get(sid)
+                self.assertEqual(caught.exception.owner, owner)
+                # Kill one replica hard and restart it on the same state dir and port.
+                victim = "echokv-1"
+                servers[victim].process.kill()
+                servers[victim].process.wait()
+                port = servers[victim].port
+                servers[victim].log.close()
+                servers[victim].tmp.cleanup()
+                servers[victim] = ServerProcess(
+                    extra=["--replica-id", victim, "--state-dir", os.path.join(root, victim)],
+                    port=port).wait_listening()
+                for sid, owner, reference in sessions:
+                    again = client.generate(sid, max_tokens=8).collect().token_ids
+                    self.assertEqual(again, reference, "session %s of %s" % (sid, owner))
+            finally:
+                for server in servers.values():
+                    server.stop()
 
     def test_resource_exhausted_and_retry_while_starting(self):
         """A second server started on a fixed port: health() is called before it
