@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -181,6 +182,60 @@ std::vector<int64_t> ExpectedSizes(const CompressionConfig& cfg, const model::Kv
 }
 
 // ---- invariants (ALGORITHM.md §3) ---------------------------------------------
+
+
+// ---- float64 oracles (independent of kernels/: hand loops over plain vectors) -------
+
+// A [rows, d] float tensor as row vectors of doubles.
+std::vector<std::vector<double>> Rows2D(const at::Tensor& t) {
+  at::Tensor c = t.to(at::kDouble).contiguous();
+  std::vector<std::vector<double>> out(c.size(0), std::vector<double>(c.size(1)));
+  for (int64_t i = 0; i < c.size(0); ++i) {
+    for (int64_t j = 0; j < c.size(1); ++j) out[i][j] = c.data_ptr<double>()[i * c.size(1) + j];
+  }
+  return out;
+}
+
+// HF rotate_half RoPE of `v` to absolute position `pos`, angles pos * theta^(-2i/d) in double.
+std::vector<double> HandRope(const std::vector<double>& v, int64_t pos, double theta) {
+  const int d = static_cast<int>(v.size()), half = d / 2;
+  std::vector<double> out(d);
+  for (int i = 0; i < half; ++i) {
+    const double angle = static_cast<double>(pos) * std::pow(theta, -2.0 * i / d);
+    out[i] = v[i] * std::cos(angle) - v[i + half] * std::sin(angle);
+    out[i + half] = v[i + half] * std::cos(angle) + v[i] * std::sin(angle);
+  }
+  return out;
+}
+
+// softmax_j(q . k_j / sqrt(d)) over keys[0 .. count-1].
+std::vector<double> HandSoftmax(const std::vector<double>& q, const std::vector<std::vector<double>>& keys,
+                                size_t count) {
+  std::vector<double> s(count);
+  double mx = -INFINITY;
+  for (size_t j = 0; j < count; ++j) {
+    double dot = 0;
+    for (size_t i = 0; i < q.size(); ++i) dot += q[i] * keys[j][i];
+    s[j] = dot / std::sqrt(static_cast<double>(q.size()));
+    mx = std::max(mx, s[j]);
+  }
+  double den = 0;
+  for (double& v : s) den += (v = std::exp(v - mx));
+  for (double& v : s) v /= den;
+  return s;
+}
+
+// TopK_k of scores[0 .. candidates-1] (ties to the lower index), sorted ascending, and
+// the gap between the k-th and (k+1)-th largest score (how far the choice is from a tie).
+std::vector<int64_t> HandTopK(const std::vector<double>& scores, size_t candidates, size_t k, double* gap) {
+  std::vector<int64_t> order(candidates);
+  for (size_t i = 0; i < candidates; ++i) order[i] = static_cast<int64_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return scores[a] > scores[b]; });
+  if (gap != nullptr) *gap = k < candidates ? scores[order[k - 1]] - scores[order[k]] : INFINITY;
+  std::vector<int64_t> top(order.begin(), order.begin() + std::min(k, candidates));
+  std::sort(top.begin(), top.end());
+  return top;
+}
 
 TEST(Invariants, EveryPolicyKeepsMinBLUniqueAscendingInRange) {
   const Inputs in = RandomInputs(/*layers=*/3, /*n=*/64, /*seed=*/1);
@@ -422,6 +477,49 @@ TEST(H2o, KeepsHeavyHitterAndRecent) {
   EXPECT_EQ(r.report.scoring_passes, 1);
 }
 
+// ALGORITHM.md §8.5 with odd budgets (where floor(B/2) and ceil(B/2) differ) against a
+// float64 oracle: recent = floor(B/2) newest entries, heavy = B - recent from 0 ... L-recent-1
+// by the group sum of causal column sums (diagonal included) of every context query.
+// The test checks that the ceil(B/2) split would keep a different set.
+TEST(H2o, OddBudgetKeepsExactlyFloorHalfRecentAndTheHeaviestOfTheRest) {
+  constexpr int kLayers = 2;
+  constexpr int64_t kL = 40;
+  const Inputs in = RandomInputs(kLayers, kL, 31);
+  for (int budget : {5, 7, 9}) {
+    CompressionConfig cfg;
+    cfg.policy = PolicyKind::kH2o;
+    cfg.budget = budget;
+    ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(nullptr)));
+    int differs = 0;
+    for (int l = 0; l < kLayers; ++l) {
+      for (int g = 0; g < kGroups; ++g) {
+        SCOPED_TRACE("B=" + std::to_string(budget) + " layer " + std::to_string(l) + " group " + std::to_string(g));
+        const std::vector<std::vector<double>> keys = Rows2D(in.context.keys(l).select(0, g));  // [L][d]
+        std::vector<double> col(kL, 0.0);
+        for (int h = 0; h < kHeads; ++h) {
+          if (h / (kHeads / kGroups) != g) continue;
+          const std::vector<std::vector<double>> q = Rows2D(in.last_queries[l].select(0, h));  // [L][d]
+          for (int64_t j = 0; j < kL; ++j) {
+            const std::vector<double> p = HandSoftmax(q[j], keys, j + 1);  // causal: keys 0 ... j
+            for (int64_t i = 0; i <= j; ++i) col[i] += p[i];
+          }
+        }
+        auto kept_for = [&](int64_t recent, double* gap) {
+          std::vector<int64_t> kept = HandTopK(col, kL - recent, budget - recent, gap);
+          for (int64_t i = kL - recent; i < kL; ++i) kept.push_back(i);
+          return kept;
+        };
+        double gap = 0;
+        const std::vector<int64_t> want = kept_for(budget / 2, &gap);
+        EXPECT_GT(gap, 1e-4);
+        EXPECT_EQ(Row(r.indices[l], g), want);
+        if (kept_for((budget + 1) / 2, nullptr) != want) ++differs;
+      }
+    }
+    EXPECT_GE(differs, 1) << "B=" << budget << ": the ceil(B/2) split keeps the same sets";
+  }
+}
+
 TEST(PyramidKv, BudgetsFollowTheFormula) {
   EXPECT_EQ(internal::PyramidKvBudgets(64, 32, 5), std::vector<int64_t>({95, 80, 64, 48, 33}));
   // B=128: C=96, B_min=4, B_max=188 -> 188, 142, 96, 50, 4 (+32).
@@ -643,6 +741,57 @@ TEST(EchoKv, ProposalsAreTheAnchorRotatedToFuturePositions) {
   EXPECT_TRUE(Contains(Row(dec->calls[0].view_positions[0], 0), 50));
   EXPECT_TRUE(Contains(Row(dec->calls[0].view_positions[0], 1), 20));
   EXPECT_FALSE(Contains(Row(dec->calls[0].view_positions[0], 0), 20));
+}
+
+// ALGORITHM.md §3 step 2 with an independent oracle: W1 (the view of the first lookahead
+// step, minus that step's own entry) equals TopK_B1 of the Eq. 3 group scores of the
+// anchor rotated by hand, in double, to exactly L ... L+T-1. The default frequencies at
+// d = 8 include 1 rad per position (pair 0), so proposals one position off (L+1 ... L+T)
+// give a different W1 here; the test checks that it can tell them apart, and that no
+// chosen score is within float32 round-off of a tie.
+TEST(EchoKv, Stage1IsTopKOfTheAnchorRotatedToExactlyLThroughLPlusTMinus1) {
+  constexpr int kLayers = 3;
+  constexpr int64_t kL = 64;
+  constexpr double kTheta = 10000.0;
+  const Inputs in = RandomInputs(kLayers, kL, 21);
+  CompressionConfig cfg;  // echokv, bootstrap = proposals
+  cfg.budget = 8;
+  cfg.workspace = 12;
+  cfg.lookahead = 4;
+  FakeDecoder dec(kLayers, kHeads, kGroups, kDim, kVocab);
+  ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(&dec)));
+  ASSERT_EQ(dec.calls.size(), 4u);
+  ASSERT_EQ(dec.calls[0].position, kL);
+  int differs = 0;  // (layer, group) pairs where shifted proposals would pick another W1
+  for (int l = 0; l < kLayers; ++l) {
+    const std::vector<std::vector<double>> anchor = Rows2D(in.anchors[l]);  // [H][d]
+    for (int g = 0; g < kGroups; ++g) {
+      SCOPED_TRACE("layer " + std::to_string(l) + " group " + std::to_string(g));
+      const std::vector<std::vector<double>> keys = Rows2D(in.context.keys(l).select(0, g));  // [L][d]
+      auto w1_for = [&](int64_t first, double* gap) {
+        std::vector<double> score(kL, 0.0);
+        for (int h = 0; h < kHeads; ++h) {
+          if (h / (kHeads / kGroups) != g) continue;
+          for (int t = 0; t < cfg.lookahead; ++t) {
+            // Future queries see all L context keys (§8.1).
+            const std::vector<double> p = HandSoftmax(HandRope(anchor[h], first + t, kTheta), keys, kL);
+            for (int64_t i = 0; i < kL; ++i) score[i] += p[i];
+          }
+        }
+        return HandTopK(score, kL, *cfg.workspace, gap);
+      };
+      double gap = 0;
+      const std::vector<int64_t> want = w1_for(kL, &gap);
+      EXPECT_GT(gap, 1e-4);  // far from a tie: float32 scoring cannot flip the choice
+      std::vector<int64_t> got = Row(dec.calls[0].view_positions[l], g);
+      ASSERT_EQ(got.back(), kL);  // the lookahead step's own entry
+      got.pop_back();
+      EXPECT_EQ(got, want);
+      if (w1_for(kL + 1, nullptr) != want) ++differs;
+    }
+  }
+  // Proposals at L+1 ... L+T would choose a different workspace somewhere.
+  EXPECT_GE(differs, 2);
 }
 
 // ---- grown sessions (ALGORITHM.md §6) ------------------------------------------------

@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "kernels/score.h"
 #include "model/sampler.h"
+#include "tests/model/naive_reference.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_data.h"
 
@@ -177,6 +180,83 @@ TEST(Evaluator, RejectsACaseTooLongForTheModel) {
   EvalCase c = data.cases[0];
   c.prompt_ids.resize(500, c.prompt_ids.back());  // 500 + 32 steps > 512 positions
   EXPECT_THAT(ev->EvaluateCase(c), ::echokv::testing::StatusIs(absl::StatusCode::kInvalidArgument, "exceeds"));
+}
+
+// log softmax of logits, in double.
+std::vector<double> LogSoftmax(const std::vector<double>& logits) {
+  double mx = -INFINITY;
+  for (double v : logits) mx = std::max(mx, v);
+  double s = 0;
+  for (double v : logits) s += std::exp(v - mx);
+  std::vector<double> out;
+  for (double v : logits) out.push_back(v - mx - std::log(s));
+  return out;
+}
+
+// KL(softmax(p) ‖ softmax(q)) written out in double.
+double HandKl(const std::vector<double>& p, const std::vector<double>& q) {
+  const std::vector<double> lp = LogSoftmax(p), lq = LogSoftmax(q);
+  double kl = 0;
+  for (size_t i = 0; i < lp.size(); ++i) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
+  return kl;
+}
+
+// The evaluator's kl metric is KL(p_full ‖ p_policy), checked through EvaluateCase
+// against distributions computed independently: the float64 naive reference
+// (tests/model/naive_reference) of a tiny random qwen2 whose lm_head is scaled up so
+// the next-token distributions are sharp and the full and compressed ones differ
+// strongly (KL's two directions then differ by far more than float32 round-off).
+// StreamingLLM with B = 8 of L = 24 keeps positions 0..3 and 20..23 (ALGORITHM.md
+// §8.6); one teacher-forced step decodes x_0 = argmax of the prefill at position L.
+// Needs no test data.
+TEST(Evaluator, KlIsFullAgainstPolicyByHand) {
+  model::ModelConfig cfg = ::echokv::testing::TinyConfig(model::ModelType::kQwen2);
+  ::echokv::testing::NaiveModel ref = ::echokv::testing::MakeRandomModel(cfg, 77);
+  for (double& w : ref.weights.at("lm_head.weight")) w = static_cast<float>(3.0 * w);  // sharper
+  const std::string dir = ::echokv::testing::MakeTempDir("echokv_eval_kl_");
+  ::echokv::testing::WriteModelDir(ref, dir);
+  model::DeviceOptions dev;
+  dev.num_threads = 1;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<model::Transformer> m, model::Transformer::Load(dir, dev));
+
+  constexpr int kL = 24, kB = 8;
+  EvalCase c;
+  c.id = "crafted";
+  for (int i = 0; i < kL; ++i) c.prompt_ids.push_back((i * 7 + 3) % cfg.vocab_size);
+  // x_0 from the reference; a clear top-1 margin so the float32 prefill picks it too.
+  const std::vector<double> last = ref.Forward(c.prompt_ids, nullptr)[kL - 1];
+  std::vector<double> sorted = last;
+  std::sort(sorted.rbegin(), sorted.rend());
+  ASSERT_GT(sorted[0] - sorted[1], 1e-2);
+  std::vector<int> seq = c.prompt_ids;
+  seq.push_back(static_cast<int>(std::max_element(last.begin(), last.end()) - last.begin()));
+  const std::vector<double> full = ref.Forward(seq, nullptr)[kL];
+  // The step at position L attends to what StreamingLLM kept plus itself.
+  const auto kept = [](int, int, int q, int k) { return q < kL || k == q || k < 4 || k >= kL - (kB - 4); };
+  const std::vector<double> policy = ref.Forward(seq, kept)[kL];
+  const double forward = HandKl(full, policy), reverse = HandKl(policy, full);
+
+  EvalOptions opt;
+  opt.policies = {PolicyKind::kStreamingLlm};
+  opt.budgets = {kB};
+  opt.steps = 1;
+  opt.lookahead = 2;
+  opt.oracle_steps = 1;
+  opt.table1 = false;
+  ASSERT_OK_AND_ASSIGN(auto ev, Evaluator::Create(m.get(), opt));
+  ASSERT_OK_AND_ASSIGN(std::vector<MetricRow> rows, ev->EvaluateCase(c));
+  const double kl = Get(rows, "streamingllm", kB, kMetricKl);
+  // The evaluator's logits are float32 (~1e-6 of a logit scale ~20 from float64), which
+  // moves each log-probability by ~2e-5 and KL by about as much; measured: 14.30060 by
+  // the evaluator, 14.30060 by hand (1e-6 apart), reverse KL 11.55.
+  const double tol = 1e-4 * std::max(1.0, forward);
+  EXPECT_NEAR(kl, forward, tol);
+  EXPECT_GT(std::abs(forward - reverse), 20 * tol);  // swapped arguments cannot pass
+  EXPECT_EQ(Get(rows, "streamingllm", kB, kMetricTop1),
+            std::max_element(policy.begin(), policy.end()) - policy.begin() ==
+                    std::max_element(full.begin(), full.end()) - full.begin()
+                ? 1.0
+                : 0.0);
 }
 
 TEST(EvalOptions, ValidateNamesTheField) {

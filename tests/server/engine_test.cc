@@ -226,6 +226,95 @@ TEST(EngineLimitsTest, MaxSessionsIsExact) {
               StatusIs(absl::StatusCode::kResourceExhausted, "max_sessions (2)"));
 }
 
+// Bytes and session counts with real numbers, through the engine (Engine::CreateWithModel
+// over an already loaded model, no server): FullKV sessions hold every token, so a
+// session's bytes are known by hand (ALGORITHM.md §7: 2 · layers · G · tokens · d ·
+// sizeof(float32)); max_kv_bytes admits exactly what fits, an append is accounted as
+// old + new (not the new tokens only), a delete frees exactly that, and max_sessions = N
+// admits exactly N.
+TEST(EngineLimitsTest, AppendsAreAccountedAsOldPlusNewAndTheLimitsAreExact) {
+  const Loaded& m = TinyModel("llama");
+  const model::ModelConfig& mc = m.model->config();
+  const int64_t per_token = 2 * int64_t{mc.num_layers} * mc.num_kv_heads * mc.head_dim * int64_t{sizeof(float)};
+  ASSERT_EQ(per_token, 512);  // 2 · 2 layers · 2 groups · 16 · 4: far above "one byte"
+  EngineConfig c;
+  c.limits.max_kv_bytes = (3 * 40 + 10) * per_token;  // three 40-token sessions and 10 tokens more
+  c.limits.max_sessions = 4;
+  Harness h(c);
+  const auto cfg = Policy(compression::PolicyKind::kFull);
+  auto get = [&](const std::string& id) {
+    std::promise<absl::StatusOr<SessionInfo>> p;
+    h.engine().GetSession(Caller{}, id, [&](absl::StatusOr<SessionInfo> s) { p.set_value(s); });
+    return p.get_future().get();
+  };
+  auto del = [&](const std::string& id) {
+    std::promise<absl::StatusOr<int64_t>> p;
+    h.engine().DeleteSession(Caller{}, id, [&](absl::StatusOr<int64_t> s) { p.set_value(s); });
+    return p.get_future().get();
+  };
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<SessionInfo> s = h.Create(Prompt(40, i), cfg);
+    ASSERT_THAT(s.status(), IsOk());
+    EXPECT_EQ(s->retained_kv_bytes, 40 * per_token);
+    ids.push_back(s->id);
+  }
+  EXPECT_EQ(h.engine().Totals().hot_bytes, 120 * per_token);
+  // The 4th 40-token session does not fit in the 10 tokens left (max_sessions would admit it).
+  EXPECT_THAT(h.Create(Prompt(40, 7), cfg).status(), StatusIs(absl::StatusCode::kResourceExhausted, "max_kv_bytes"));
+  EXPECT_EQ(h.engine().Totals().sessions, 3);
+
+  // Appending 10 tokens: the session holds 50 tokens' bytes and the store is exactly full.
+  absl::StatusOr<SessionInfo> a = h.Append(ids[0], Prompt(10, 5));
+  ASSERT_THAT(a.status(), IsOk());
+  EXPECT_EQ(a->tokens_seen, 50);
+  EXPECT_EQ(a->retained_kv_bytes, 50 * per_token);
+  ASSERT_OK_AND_ASSIGN(SessionInfo got, get(ids[0]));
+  EXPECT_EQ(got.retained_kv_bytes, 50 * per_token);
+  EXPECT_EQ(h.engine().Totals().hot_bytes, 130 * per_token);
+  // Not one more token fits anywhere.
+  EXPECT_THAT(h.Append(ids[1], Prompt(1, 6)).status(), StatusIs(absl::StatusCode::kResourceExhausted, "max_kv_bytes"));
+  EXPECT_THAT(h.Create(Prompt(1, 8), cfg).status(), StatusIs(absl::StatusCode::kResourceExhausted, "max_kv_bytes"));
+  ASSERT_OK_AND_ASSIGN(SessionInfo unchanged, get(ids[1]));
+  EXPECT_EQ(unchanged.tokens_seen, 40);
+  EXPECT_EQ(unchanged.retained_kv_bytes, 40 * per_token);
+
+  // Deleting the grown session frees its 50 tokens: a 50-token session then fits exactly.
+  ASSERT_OK_AND_ASSIGN(int64_t freed, del(ids[0]));
+  EXPECT_EQ(freed, 50 * per_token);
+  EXPECT_EQ(h.engine().Totals().hot_bytes, 80 * per_token);
+  EXPECT_THAT(h.Create(Prompt(51, 9), cfg).status(), StatusIs(absl::StatusCode::kResourceExhausted, "max_kv_bytes"));
+  absl::StatusOr<SessionInfo> b = h.Create(Prompt(50, 9), cfg);
+  ASSERT_THAT(b.status(), IsOk());
+  EXPECT_EQ(h.engine().Totals().hot_bytes, 130 * per_token);
+}
+
+TEST(EngineLimitsTest, MaxSessionsAdmitsExactlyNRealSessions) {
+  for (int n : {1, 3}) {
+    SCOPED_TRACE("max_sessions " + std::to_string(n));
+    EngineConfig c;
+    c.limits.max_sessions = n;
+    Harness h(c);
+    const auto cfg = Policy(compression::PolicyKind::kStreamingLlm, 16);
+    std::vector<std::string> ids;
+    for (int i = 0; i < n; ++i) {
+      absl::StatusOr<SessionInfo> s = h.Create(Prompt(30, i), cfg);
+      ASSERT_THAT(s.status(), IsOk()) << "session " << i + 1 << " of " << n;
+      ids.push_back(s->id);
+    }
+    EXPECT_EQ(h.engine().Totals().sessions, n);
+    EXPECT_THAT(h.Create(Prompt(30, 9), cfg).status(),
+                StatusIs(absl::StatusCode::kResourceExhausted, "max_sessions (" + std::to_string(n) + ")"));
+    // A freed slot admits exactly one more.
+    std::promise<absl::StatusOr<int64_t>> p;
+    h.engine().DeleteSession(Caller{}, ids[0], [&](absl::StatusOr<int64_t> s) { p.set_value(s); });
+    ASSERT_THAT(p.get_future().get().status(), IsOk());
+    ASSERT_THAT(h.Create(Prompt(30, 10), cfg).status(), IsOk());
+    EXPECT_THAT(h.Create(Prompt(30, 11), cfg).status(),
+                StatusIs(absl::StatusCode::kResourceExhausted, "max_sessions"));
+  }
+}
+
 TEST(EngineLimitsTest, PositionsAllowOneMoreSampleThanTheContextWithoutCommit) {
   EngineConfig c;
   c.limits.max_context_tokens = 64;

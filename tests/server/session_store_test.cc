@@ -43,8 +43,9 @@ TEST(SessionStoreTest, MaxKvBytesAdmitsExactlyNSessions) {
   for (int i = 0; i < 3; ++i) Create(store, 4096);
   EXPECT_THAT(store.Reserve("", 4096, 0, false).status(),
               StatusIs(absl::StatusCode::kResourceExhausted, "max_kv_bytes"));
-  // One byte less fits.
-  EXPECT_THAT(store.Reserve("", 0, 0, false).status(), IsOk());
+  // Not even one byte more fits (a zero-byte reservation would not test the limit).
+  EXPECT_THAT(store.Reserve("", 1, 0, false).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, "max_kv_bytes"));
 }
 
 TEST(SessionStoreTest, MaxSessionsCountsReservationsAndIsExact) {
