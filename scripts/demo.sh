@@ -4,8 +4,9 @@
 # embedded default model -- a deterministic tiny RANDOM Llama written by
 # echokv-make-test-model (its text is meaningless; it shows the machinery) -- then, with
 # echokv-cli: create a session from a long text (progress bar), inspect its compressed
-# cache, stream a generation, print the memory-saved metrics, and stop the server
-# (SIGTERM; it must exit 0). Runs unattended (CI, no TTY); any failure exits non-zero
+# cache, stream a generation, print the memory-saved metrics, restart the server on its
+# --state-dir (the session is listed again and continues identically), and stop it
+# (SIGTERM; it must exit 0 both times). Runs unattended (CI, no TTY); any failure exits non-zero
 # and the server is always stopped.
 #   scripts/demo.sh
 #   ECHOKV_MODEL=/path/to/hf-model ECHOKV_DEMO_TEXT_FILE=long.txt scripts/demo.sh
@@ -49,26 +50,44 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+STATE="$WORK/state"  # sessions survive restarts here (tiered memory by default)
+start_server() {
+  rm -f "$WORK/ports"
+  "$BIN/echokv-server" --model "$MODEL" --insecure --host 127.0.0.1 --port 0 --metrics-port 0 \
+    --port-file "$WORK/ports" --state-dir "$STATE" >>"$WORK/server.log" 2>&1 &
+  SERVER_PID=$!
+  for _ in $(seq 1 600); do  # up to 60 s to load the model
+    [[ -s "$WORK/ports" ]] && break
+    kill -0 "$SERVER_PID" 2>/dev/null || { echo "demo: echokv-server exited early" >&2; exit 1; }
+    sleep 0.1
+  done
+  [[ -s "$WORK/ports" ]] || { echo "demo: echokv-server did not start within 60 s" >&2; exit 1; }
+  GRPC_PORT="$(sed -n 1p "$WORK/ports")"
+  METRICS_PORT="$(sed -n 2p "$WORK/ports")"
+  CLI=("$BIN/echokv-cli" --server "127.0.0.1:$GRPC_PORT")
+  healthy=""
+  for _ in $(seq 1 50); do
+    if "${CLI[@]}" --timeout 2 health >/dev/null 2>&1; then healthy=1; break; fi
+    sleep 0.2
+  done
+  [[ -n "$healthy" ]] || { echo "demo: health check never reported SERVING" >&2; exit 1; }
+  echo "== health: $("${CLI[@]}" health) (gRPC 127.0.0.1:$GRPC_PORT, metrics :$METRICS_PORT, state $STATE)" >&2
+}
+stop_server() {  # SIGTERM; the server must exit 0
+  kill -TERM "$SERVER_PID"
+  set +e
+  wait "$SERVER_PID"
+  local rc=$?
+  set -e
+  SERVER_PID=""
+  if ((rc != 0)); then
+    echo "demo: echokv-server exited with $rc after SIGTERM (expected 0)" >&2
+    exit 1
+  fi
+}
+
 echo "== starting echokv-server on $MODEL" >&2
-"$BIN/echokv-server" --model "$MODEL" --insecure --host 127.0.0.1 --port 0 --metrics-port 0 \
-  --port-file "$WORK/ports" >"$WORK/server.log" 2>&1 &
-SERVER_PID=$!
-for _ in $(seq 1 600); do  # up to 60 s to load the model
-  [[ -s "$WORK/ports" ]] && break
-  kill -0 "$SERVER_PID" 2>/dev/null || { echo "demo: echokv-server exited early" >&2; exit 1; }
-  sleep 0.1
-done
-[[ -s "$WORK/ports" ]] || { echo "demo: echokv-server did not start within 60 s" >&2; exit 1; }
-GRPC_PORT="$(sed -n 1p "$WORK/ports")"
-METRICS_PORT="$(sed -n 2p "$WORK/ports")"
-CLI=("$BIN/echokv-cli" --server "127.0.0.1:$GRPC_PORT")
-healthy=""
-for _ in $(seq 1 50); do
-  if "${CLI[@]}" --timeout 2 health >/dev/null 2>&1; then healthy=1; break; fi
-  sleep 0.2
-done
-[[ -n "$healthy" ]] || { echo "demo: health check never reported SERVING" >&2; exit 1; }
-echo "== health: $("${CLI[@]}" health) (gRPC 127.0.0.1:$GRPC_PORT, metrics :$METRICS_PORT)" >&2
+start_server
 "${CLI[@]}" info
 
 # A long context: $ECHOKV_DEMO_TEXT_FILE, or a few paragraphs of a story.
@@ -111,16 +130,22 @@ if not saved or max(saved) <= 0:
     sys.exit("demo: echokv_kv_bytes_saved is not > 0")
 PYEOF
 
-"${CLI[@]}" delete "$SESSION"
-echo "== stopping echokv-server (SIGTERM)" >&2
-kill -TERM "$SERVER_PID"
-set +e
-wait "$SERVER_PID"
-rc=$?
-set -e
-SERVER_PID=""
-if ((rc != 0)); then
-  echo "demo: echokv-server exited with $rc after SIGTERM (expected 0)" >&2
+# Sessions survive restarts: the greedy continuation before a restart, the session
+# listed after it (restored from the state dir), the same continuation again.
+BEFORE="$("${CLI[@]}" generate "$SESSION" --max-tokens 16 2>/dev/null)"
+echo "== restart: stopping echokv-server (SIGTERM) and starting it again on $STATE" >&2
+stop_server
+start_server
+"${CLI[@]}" list
+"${CLI[@]}" list | grep -q "$SESSION" || { echo "demo: session $SESSION was not restored" >&2; exit 1; }
+AFTER="$("${CLI[@]}" generate "$SESSION" --max-tokens 16 2>/dev/null)"
+if [[ "$BEFORE" != "$AFTER" ]]; then
+  printf 'demo: the restored session continued differently:\n before: %s\n after:  %s\n' "$BEFORE" "$AFTER" >&2
   exit 1
 fi
+echo "== restored session $SESSION continues identically: $AFTER" >&2
+
+"${CLI[@]}" delete "$SESSION"
+echo "== stopping echokv-server (SIGTERM)" >&2
+stop_server
 echo "demo: done; echokv-server exited 0" >&2
