@@ -448,7 +448,9 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
   ECHOKV_RETURN_IF_ERROR(device.Validate());
   ECHOKV_RETURN_IF_ERROR(ValidateCheckpoint(checkpoint, config));
   ECHOKV_ASSIGN_OR_RETURN(at::ScalarType dtype, ParseDType(device.dtype));
-  const int threads = device.num_threads > 0 ? device.num_threads : DefaultThreadCount();
+  const ThreadChoice chosen = ChooseThreadCount();
+  const int threads = device.num_threads > 0 ? device.num_threads : chosen.threads;
+  const std::string threads_why = device.num_threads > 0 ? std::string("--threads") : chosen.reason;
 
   auto impl = std::make_unique<Impl>();
   impl->pools = std::make_unique<ThreadPools>(threads);
@@ -493,7 +495,7 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
   ECHOKV_LOG(INFO) << "loaded " << ModelTypeName(config.type) << " model: " << config.num_layers << " layers, "
                    << config.num_heads << "/" << config.num_kv_heads << " heads, d=" << config.head_dim
                    << ", rope_scaling " << RopeScalingTypeName(config.rope_scaling.type) << ", vocab " << config.vocab_size << " on " << device.device << " " << device.dtype << ", "
-                   << threads << " threads (" << impl->pools->Describe() << ")";
+                   << threads << " threads [" << threads_why << "] (" << impl->pools->Describe() << ")";
   return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
 }
 
