@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job (README command 1): set up and build, start echokv-server on
 # $ECHOKV_MODEL (a Hugging Face Llama/Mistral/Qwen2 directory) or, when unset, on the
-# embedded default model -- a deterministic tiny RANDOM Llama written by
-# echokv-make-test-model (its text is meaningless; it shows the machinery) -- then, with
+# embedded default model -- stories260K in models/ (a 260K-parameter TinyStories Llama by
+# Andrej Karpathy, MIT; it writes simple English stories) -- then, with
 # echokv-cli: create a session from a long text (progress bar), inspect its compressed
 # cache, stream a generation, print the memory-saved metrics, restart the server on its
 # --state-dir (the session is listed again and continues identically), and stop it
@@ -21,12 +21,14 @@ BUILD="${ECHOKV_BUILD_DIR:-build}"
 BIN="$BUILD/bin"
 PY=/usr/bin/python3  # Debian's python (the build's own tools need nothing else)
 
-MODEL="${ECHOKV_MODEL:-}"
-if [[ -z "$MODEL" ]]; then
-  MODEL="$BUILD/demo-model/llama"
-  "$BIN/echokv-make-test-model" --arch llama --out "$MODEL"
-  echo "demo: ECHOKV_MODEL is unset, so this uses the embedded tiny RANDOM llama model in $MODEL;" >&2
-  echo "demo: its text is meaningless. Set ECHOKV_MODEL=/path/to/hf-model for real output." >&2
+# The server resolves the model itself: $ECHOKV_MODEL, else the embedded stories260K
+# (common/default_model.h), so the demo runs it exactly as a user would, without --model.
+if [[ -n "${ECHOKV_MODEL:-}" ]]; then
+  MODEL="$ECHOKV_MODEL"
+else
+  MODEL="the embedded stories260K (models/stories260K)"
+  echo "demo: ECHOKV_MODEL is unset, so this uses the embedded stories260K, a 260K-parameter" >&2
+  echo "demo: TinyStories model (simple English). Set ECHOKV_MODEL=/path/to/hf-model for a real one." >&2
 fi
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/echokv-demo.XXXXXX")"
@@ -53,7 +55,7 @@ trap 'exit 143' TERM
 STATE="$WORK/state"  # sessions survive restarts here (tiered memory by default)
 start_server() {
   rm -f "$WORK/ports"
-  "$BIN/echokv-server" --model "$MODEL" --insecure --host 127.0.0.1 --port 0 --metrics-port 0 \
+  "$BIN/echokv-server" --insecure --host 127.0.0.1 --port 0 --metrics-port 0 \
     --port-file "$WORK/ports" --state-dir "$STATE" >>"$WORK/server.log" 2>&1 &
   SERVER_PID=$!
   for _ in $(seq 1 600); do  # up to 60 s to load the model
@@ -90,7 +92,9 @@ echo "== starting echokv-server on $MODEL" >&2
 start_server
 "${CLI[@]}" info
 
-# A long context: $ECHOKV_DEMO_TEXT_FILE, or a few paragraphs of a story.
+# A long context: $ECHOKV_DEMO_TEXT_FILE, or a story of ~400 tokens (it and the
+# generation fit stories260K's 512 positions) that stops mid-sentence, so the
+# generation continues it.
 TEXT="$WORK/context.txt"
 if [[ -n "${ECHOKV_DEMO_TEXT_FILE:-}" ]]; then
   cp "$ECHOKV_DEMO_TEXT_FILE" "$TEXT"
@@ -99,8 +103,13 @@ else
               "One day she found a small red ball under a big tree, and she wanted to share it with everyone she knew." \
               "Her brother Tom saw the ball and asked if he could play too. Lily smiled and threw the ball to him." \
               "They played until the sun went down, and then their mom called them home for dinner." \
-              "At night Lily put the red ball next to her bed and dreamed about the park, the tree and her friends."; do
-    for _ in 1 2 3; do printf '%s ' "$part"; done
+              "The next day it was raining, so Lily and Tom could not go to the park. They were sad and looked out of the window." \
+              "Mom saw that they were sad. She gave them a big box of crayons and some paper, and they drew the park and the tree. When the rain stopped, they ran outside." \
+              "They showed the pictures to their friends at the park, and everyone laughed and played with the red ball." \
+              "When it was time to go home, Lily gave the ball to her friend Ben, because he did not have a ball." \
+              "Ben was very happy. He said thank you and gave Lily a big hug. Lily felt warm inside." \
+              "That night, Lily told her mom about Ben and the ball. Her mom smiled and said"; do
+    printf '%s ' "$part"
   done >"$TEXT"
 fi
 echo "== create: $(wc -c <"$TEXT") bytes of context, policy ${ECHOKV_DEMO_POLICY:-echokv}, budget ${ECHOKV_DEMO_BUDGET:-64}" >&2

@@ -5,6 +5,7 @@
 //   echokv-server --model /models/stories260K --auth-tokens-file /etc/echokv/tokens \
 //       --tls-cert server.pem --tls-key server.key [--tls-client-ca clients.pem] --http-port 8080
 //   echokv-server --model DIR --insecure --host 127.0.0.1 --port 0 --http-port 0 --port-file /tmp/ports
+//   echokv-server --insecure      # $ECHOKV_MODEL, else the embedded stories260K (models/)
 //     (port 0 picks a free port; the port file gets "GRPC_PORT\nMETRICS_PORT\nHTTP_PORT\n",
 //     0 for a door that is off)
 //
@@ -38,9 +39,10 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/env.h"
+#include "common/default_model.h"
 #include "common/flag_names.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "compression/config.h"
 #include "server/auth.h"
 #include "server/engine.h"
@@ -50,7 +52,9 @@
 #include "server/service.h"
 #include "server/stream_slots.h"
 
-ABSL_FLAG(std::string, model, "", "Model directory (Hugging Face layout); default $ECHOKV_MODEL");
+ABSL_FLAG(std::string, model, "",
+          "Model directory (Hugging Face layout); default $ECHOKV_MODEL, else the embedded stories260K "
+          "(a 260K-parameter TinyStories Llama, for demos and smoke tests)");
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to serve gRPC on");
 ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port");
 ABSL_FLAG(std::string, port_file, "",
@@ -157,11 +161,8 @@ class WithoutReflection : public grpc::ServerBuilderOption {
 
 absl::StatusOr<EngineConfig> ConfigFromFlags() {
   EngineConfig c;
-  c.model_dir = absl::GetFlag(FLAGS_model);
-  if (c.model_dir.empty()) c.model_dir = GetEnv("ECHOKV_MODEL").value_or("");
-  if (c.model_dir.empty()) {
-    return absl::InvalidArgumentError("--model: a model directory is required (or set $ECHOKV_MODEL)");
-  }
+  // --model, else $ECHOKV_MODEL, else the embedded stories260K (common/default_model.h).
+  ECHOKV_ASSIGN_OR_RETURN(c.model_dir, ResolveModelDir(absl::GetFlag(FLAGS_model)));
   c.device = absl::GetFlag(FLAGS_device);
   c.dtype = absl::GetFlag(FLAGS_dtype);
   c.threads = absl::GetFlag(FLAGS_threads);
@@ -463,7 +464,7 @@ int Run() {
 
 int main(int argc, char** argv) {
   echokv::ConfigureBlasWorkersOrReexec(argv);
-  absl::SetProgramUsageMessage("echokv-server --model DIR [--port 50051] [--metrics-port 9090] ...");
+  absl::SetProgramUsageMessage("echokv-server [--model DIR] [--port 50051] [--metrics-port 9090] ...");
   echokv::DashedFlagArgs dashed(argc, argv);  // --port-file as well as --port_file
   std::vector<char*> args = absl::ParseCommandLine(dashed.argc(), dashed.argv());
   if (args.size() > 1) {

@@ -1,6 +1,7 @@
 // echokv-generate: offline generation with optional KV-cache compression, on the
 // same code the server uses (compression::PrefillAndCompress + Transformer::Decode).
 //
+//   echokv-generate --prompt "Once upon a time"      # the embedded stories260K
 //   echokv-generate --model DIR --prompt "Once upon a time" --max-tokens 64 --json
 //   echokv-generate --model DIR --prompt-ids 1,403,407 --policy echokv --budget 64
 //       --lookahead 8 --workspace 128 --json --dump-retained
@@ -11,6 +12,11 @@
 //    "retained":[[positions of group 0 of layer 0],…]}   (retained with --dump-retained)
 // Without --json the text streams to stdout and a summary goes to stderr.
 // Errors go to stderr with exit code 1 (2 for usage errors).
+// Without --model: $ECHOKV_MODEL, else the embedded stories260K (common/default_model.h).
+//
+// Positions: the last generated token is never fed back, so a prompt of P tokens may
+// generate up to max_position_embeddings - P + 1 (llama2.c's run.c does the same).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -19,6 +25,7 @@
 #include <vector>
 
 #include "common/blas_env.h"
+#include "common/default_model.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -36,7 +43,9 @@
 #include "model/transformer.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json, *.safetensors, tokenizer)");
+ABSL_FLAG(std::string, model, "",
+          "Hugging Face model directory (config.json, *.safetensors, tokenizer); default $ECHOKV_MODEL, else "
+          "the embedded stories260K");
 ABSL_FLAG(std::string, prompt, "", "prompt text (tokenized with the model's tokenizer)");
 ABSL_FLAG(std::string, prompt_ids, "", "prompt as comma-separated token ids (instead of --prompt)");
 ABSL_FLAG(int, max_tokens, 64, "maximum tokens to generate (>= 1)");
@@ -103,8 +112,7 @@ double Ms(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::ti
 }
 
 absl::Status Run() {
-  const std::string dir = absl::GetFlag(FLAGS_model);
-  if (dir.empty()) return absl::InvalidArgumentError("--model is required");
+  ECHOKV_ASSIGN_OR_RETURN(const std::string dir, echokv::ResolveModelDir(absl::GetFlag(FLAGS_model)));
   const bool has_text = !absl::GetFlag(FLAGS_prompt).empty();
   const bool has_ids = !absl::GetFlag(FLAGS_prompt_ids).empty();
   if (has_text == has_ids) return absl::InvalidArgumentError("give exactly one of --prompt and --prompt-ids");
@@ -153,10 +161,14 @@ absl::Status Run() {
     ECHOKV_ASSIGN_OR_RETURN(prompt, ParseIds(absl::GetFlag(FLAGS_prompt_ids), "prompt-ids"));
   }
   const int max_tokens = absl::GetFlag(FLAGS_max_tokens);
-  if (static_cast<int64_t>(prompt.size()) + max_tokens > mc.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt (", prompt.size(), " tokens) + --max-tokens (", max_tokens,
-                                                   ") exceeds the model's max_position_embeddings (",
-                                                   mc.max_position_embeddings, ")"));
+  // Prefill feeds positions 0 .. P-1 and every output token but the last is fed back
+  // (P .. P+N-2), so P + N - 1 positions must fit.
+  const int64_t room = static_cast<int64_t>(mc.max_position_embeddings) - static_cast<int64_t>(prompt.size()) + 1;
+  if (max_tokens > room) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-tokens: prompt (", prompt.size(), " tokens) + --max-tokens (", max_tokens,
+        ") - 1 (the last token is not fed back) exceeds the model's max_position_embeddings (",
+        mc.max_position_embeddings, "): at most ", std::max<int64_t>(room, 0), " tokens after this prompt"));
   }
 
   echokv::compression::PipelineOptions po;
@@ -261,7 +273,7 @@ absl::Status Run() {
 int main(int argc, char** argv) {
   echokv::ConfigureBlasWorkersOrReexec(argv);
   absl::SetProgramUsageMessage(
-      "echokv-generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N] [--policy NAME "
+      "echokv-generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N] [--policy NAME "
       "--budget B ...] [--json]");
   echokv::DashedFlagArgs dashed(argc, argv);
   std::vector<char*> args = absl::ParseCommandLine(dashed.argc(), dashed.argv());

@@ -66,7 +66,7 @@ case "$err" in *"cannot create the state dir"*) ;; *) fail "state dir message: $
 df="$deploy/Dockerfile"
 for want in 'ECHOKV_MODEL=/opt/echokv/models/stories260K' 'OMP_WAIT_POLICY=passive' \
             'OPENBLAS_THREAD_TIMEOUT=4' 'ECHOKV_HOST=[::]' 'health --service echokv.v1.EchoKV' \
-            'COPY --from=shared models/stories260K /opt/echokv/models/stories260K'; do
+            'COPY --from=build /src/models/stories260K /opt/echokv/models/stories260K'; do
   grep -qF "$want" "$df" || fail "Dockerfile lacks $want"
 done
 grep -qF '"/opt/echokv/models/stories260K"' "$deploy/helm/echokv/templates/_helpers.tpl" ||

@@ -1,8 +1,10 @@
 // echokv-generate as a user runs it: JSON shape, agreement with the library on
-// stories260K, and flag errors that name the field (non-zero exit, stderr).
+// stories260K, flag errors that name the field (non-zero exit, stderr), the position
+// limit at its exact boundary, and the embedded default model (no --model).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -145,6 +147,120 @@ TEST_F(GenerateCliTest, BadFlagsNameTheField) {
   testing::CommandResult missing = RunCli("--model /nonexistent/dir --prompt hi");
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.err.find("/nonexistent/dir"), std::string::npos) << missing.err;
+}
+
+// ---- tests on the embedded model (models/stories260K in the source tree; no data) ----
+
+// The shell prefix that runs the CLI as a user without $ECHOKV_MODEL would.
+std::string NoEnvModel() { return "env -u ECHOKV_MODEL "; }
+
+std::string IdList(int n) {
+  std::string out = "1";
+  // Valid merged-piece ids (259 .. 511), a deterministic pattern.
+  for (int i = 1; i < n; ++i) out += "," + std::to_string(259 + (i * 37) % 253);
+  return out;
+}
+
+// stories260K has max_position_embeddings 512. The prompt fills positions 0 .. P-1 and
+// every generated token but the last is fed back, so P + N <= 513: with P = 402 the
+// model generates exactly 111 tokens (llama2.c's run.c -n 512 does the same).
+TEST(GenerateCliPositionsTest, PromptPlusMaxTokensMayExceedThePositionsByOne) {
+  const std::string model = std::string(ECHOKV_REPO_MODEL_DIR);
+  const std::string ids402 = " --prompt-ids " + IdList(402);
+  testing::CommandResult ok = RunCli("--model " + model + ids402 + " --max-tokens 111 --json");
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  const nlohmann::json j = nlohmann::json::parse(ok.out);
+  EXPECT_EQ(j.at("prompt_ids").size(), 402u);
+  // BOS (1) ends a TinyStories story but is not an EOS id here, so all 111 come out.
+  EXPECT_EQ(j.at("output_ids").size(), 111u);
+  EXPECT_EQ(j.at("stop_reason"), "length");
+
+  testing::CommandResult over = RunCli("--model " + model + ids402 + " --max-tokens 112 --json");
+  EXPECT_EQ(over.exit_code, 1);
+  EXPECT_TRUE(over.out.empty());
+  EXPECT_NE(over.err.find("--max-tokens"), std::string::npos) << over.err;
+  EXPECT_NE(over.err.find("at most 111"), std::string::npos) << over.err;
+
+  // The extreme: a prompt of all 512 positions still samples one token; 513 cannot.
+  testing::CommandResult full = RunCli("--model " + model + " --prompt-ids " + IdList(512) + " --max-tokens 1 --json");
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  EXPECT_EQ(nlohmann::json::parse(full.out).at("output_ids").size(), 1u);
+  testing::CommandResult beyond = RunCli("--model " + model + " --prompt-ids " + IdList(513) + " --max-tokens 1");
+  EXPECT_EQ(beyond.exit_code, 1);
+  EXPECT_NE(beyond.err.find("--max-tokens"), std::string::npos) << beyond.err;
+  EXPECT_NE(beyond.err.find("at most 0"), std::string::npos) << beyond.err;
+}
+
+// Without --model (and without $ECHOKV_MODEL) the CLI runs the embedded stories260K and
+// writes its known English: the greedy story from BOS that llama2.c's
+// doc/stories260K.md documents (an oracle independent of this code base).
+TEST(GenerateCliDefaultModelTest, NoModelFlagRunsTheEmbeddedStoriesModel) {
+  testing::CommandResult r = testing::RunCommand(NoEnvModel() + ECHOKV_GENERATE_BIN + " --prompt-ids 1 --max-tokens 30 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string text = nlohmann::json::parse(r.out).at("text");
+  EXPECT_EQ(text.rfind("Once upon a time, there was a little girl named Lily. She loved to play outside", 0), 0u)
+      << text;
+  // Plain text mode streams the same story to stdout.
+  testing::CommandResult plain =
+      testing::RunCommand(NoEnvModel() + ECHOKV_GENERATE_BIN + " --prompt 'Once upon a time' --max-tokens 14");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_EQ(plain.out.rfind(", there was a little girl named Lily", 0), 0u) << plain.out;
+}
+
+// $ECHOKV_MODEL overrides the embedded model, and --model overrides both.
+TEST(GenerateCliDefaultModelTest, EnvironmentAndFlagOverrideTheDefault) {
+  testing::CommandResult env =
+      testing::RunCommand(std::string("ECHOKV_MODEL=/nonexistent/env-model ") + ECHOKV_GENERATE_BIN + " --prompt hi");
+  EXPECT_NE(env.exit_code, 0);
+  EXPECT_NE(env.err.find("/nonexistent/env-model"), std::string::npos) << env.err;
+  testing::CommandResult flag = testing::RunCommand(std::string("ECHOKV_MODEL=/nonexistent/env-model ") +
+                                                    ECHOKV_GENERATE_BIN + " --model " + ECHOKV_REPO_MODEL_DIR +
+                                                    " --prompt-ids 1 --max-tokens 2 --json");
+  EXPECT_EQ(flag.exit_code, 0) << flag.err;
+}
+
+// An installed tree (bin/ and models/ side by side, like /opt/echokv in the image)
+// takes its own models/ before the source tree's. The installed copy here is broken on
+// purpose, so the error proves which directory was read.
+TEST(GenerateCliDefaultModelTest, AnInstalledTreeUsesItsOwnModelsDir) {
+  namespace fs = std::filesystem;
+  const std::string root = testing::MakeTempDir("generate-installed");
+  fs::create_directories(root + "/bin");
+  fs::create_directories(root + "/models/stories260K");
+  fs::copy_file(ECHOKV_GENERATE_BIN, root + "/bin/echokv-generate");
+  fs::permissions(root + "/bin/echokv-generate", fs::perms::owner_all, fs::perm_options::add);
+  testing::WriteFileOrDie(root + "/models/stories260K/config.json", "{\"model_type\": \"llama\"}");
+  testing::CommandResult r =
+      testing::RunCommand(NoEnvModel() + root + "/bin/echokv-generate --prompt-ids 1 --max-tokens 2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find(root + "/bin/../models/stories260K"), std::string::npos) << r.err;
+  // Without its models/ folder it falls back to the source tree's copy.
+  fs::remove_all(root + "/models");
+  testing::CommandResult fallback =
+      testing::RunCommand(NoEnvModel() + root + "/bin/echokv-generate --prompt-ids 1 --max-tokens 2 --json");
+  EXPECT_EQ(fallback.exit_code, 0) << fallback.err;
+  fs::remove_all(root);
+}
+
+// The embedded copy is the shared data's stories260K: the default run reproduces
+// llama2.c's golden greedy output (run.c, float32) token for token.
+TEST_F(GenerateCliTest, TheEmbeddedModelReproducesTheSharedGoldenOutput) {
+  const nlohmann::json golden =
+      nlohmann::json::parse(testing::ReadFileOrDie(model_ + "/golden_public.json"));
+  for (const auto& c : golden.at("cases")) {
+    const std::vector<int> prompt = c.at("prompt_ids");
+    const std::vector<int> expected = c.at("generated_ids");
+    std::string ids;
+    for (int t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+    const std::string args = " --prompt-ids " + ids + " --max-tokens " + std::to_string(expected.size()) + " --json";
+    testing::CommandResult embedded = testing::RunCommand(NoEnvModel() + ECHOKV_GENERATE_BIN + args);
+    testing::CommandResult shared = RunCli("--model " + model_ + args);
+    ASSERT_EQ(embedded.exit_code, 0) << embedded.err;
+    ASSERT_EQ(shared.exit_code, 0) << shared.err;
+    const std::vector<int> got = nlohmann::json::parse(embedded.out).at("output_ids");
+    EXPECT_EQ(got, expected) << c.dump().substr(0, 200);
+    EXPECT_EQ(got, nlohmann::json::parse(shared.out).at("output_ids").get<std::vector<int>>());
+  }
 }
 
 }  // namespace
