@@ -338,6 +338,51 @@ TEST(EngineLimitsTest, PositionsAllowOneMoreSampleThanTheContextWithoutCommit) {
   EXPECT_EQ(committed.summary.session->tokens_seen, 64);
 }
 
+// The model's own limit (max_position_embeddings 512, no max_context_tokens set), at
+// the exact boundary of every admission check: CreateSession takes 512 tokens, not 513;
+// an append fills the session to 512, not 513; Generate from 402 tokens samples 111
+// (402 + 111 - 1 = 512 positions: the last token is never fed back, as in llama2.c's
+// run.c -n 512), not 112; a committed generation feeds every token back, so 110.
+TEST(EngineLimitsTest, ModelPositionsAtTheExactBoundary) {
+  Harness h(EngineConfig{});
+  ASSERT_EQ(h.engine().facts().limits.max_context_tokens, 512);
+  const auto full = Policy(compression::PolicyKind::kFull);
+  ASSERT_THAT(h.Create(Prompt(512, 1), full).status(), IsOk());
+  EXPECT_THAT(h.Create(Prompt(513, 1), full).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "input: 513 tokens exceed max_context_tokens (512)"));
+
+  absl::StatusOr<SessionInfo> grown = h.Create(Prompt(500, 2), full);
+  ASSERT_THAT(grown.status(), IsOk());
+  EXPECT_THAT(h.Append(grown->id, Prompt(13, 3)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_context_tokens (512)"));
+  absl::StatusOr<SessionInfo> filled = h.Append(grown->id, Prompt(12, 3));
+  ASSERT_THAT(filled.status(), IsOk());
+  EXPECT_EQ(filled->tokens_seen, 512);
+  // A full session still samples one token (never fed back), but not two.
+  Harness::Gen one = h.StartGenerate(Params(grown->id, 1, 0, false)).get();
+  ASSERT_THAT(one.status, IsOk());
+  EXPECT_EQ(one.ids.size(), 1u);
+  EXPECT_THAT(h.StartGenerate(Params(grown->id, 2, 0, false)).get().status,
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_tokens: the session holds 512 tokens"));
+
+  absl::StatusOr<SessionInfo> s = h.Create(Prompt(402, 4), Policy(compression::PolicyKind::kSnapKv));
+  ASSERT_THAT(s.status(), IsOk());
+  Harness::Gen ok = h.StartGenerate(Params(s->id, 111, 0, false)).get();
+  ASSERT_THAT(ok.status, IsOk());
+  EXPECT_EQ(ok.ids.size(), 111u);
+  EXPECT_THAT(h.StartGenerate(Params(s->id, 112, 0, false)).get().status,
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_tokens: the session holds 402 tokens; 112 more"));
+  GenerateParams commit = Params(s->id, 111, 0, false);
+  commit.commit = true;
+  EXPECT_THAT(h.StartGenerate(commit).get().status,
+              StatusIs(absl::StatusCode::kInvalidArgument, "(committed) exceed max_context_tokens (512): at most 110"));
+  commit.max_tokens = 110;
+  Harness::Gen committed = h.StartGenerate(commit).get();
+  ASSERT_THAT(committed.status, IsOk());
+  ASSERT_TRUE(committed.summary.session.has_value());
+  EXPECT_EQ(committed.summary.session->tokens_seen, 512);
+}
+
 // ---- TTL with a fake clock ----
 
 TEST(EngineTtlTest, IdleSessionsExpireUsedOnesStay) {
