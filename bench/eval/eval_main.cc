@@ -1,11 +1,16 @@
 // echokv-eval: fidelity of every eviction policy against the full cache on a JSONL case
 // set (see bench/eval/evaluator.h for the metrics and bench/eval/dataset.h for the
 // format). Writes results.csv, summary.md, plots.gp and one PNG per metric (gnuplot)
-// into --out; prints progress (cases done / total, ETA) on stderr.
+// into --out; prints progress (cases done / total, ETA) on stderr: one redrawn line on
+// a terminal, separate lines at most every --progress_interval seconds elsewhere.
+// A case that does not fit the model's positions (prompt + decode steps) is skipped with
+// one warning line and counted in summary.md; --strict makes it an error instead.
 //
 //   echokv-eval --model /work/shared/models/stories260K --data bench/data/stories_eval.jsonl
 //       --policies echokv,laq,snapkv,pyramidkv,h2o,streamingllm,full --budgets 32,64,128
 //       --steps 32 --lookahead 8 --workspace 128 --out /tmp/eval
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +32,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/eval/dataset.h"
 #include "bench/eval/evaluator.h"
+#include "bench/eval/progress.h"
 #include "common/logging.h"
 #include "compression/config.h"
 #include "model/tokenizer.h"
@@ -50,6 +56,10 @@ ABSL_FLAG(int, resamples, 2000, "bootstrap resamples for the 95% intervals");
 ABSL_FLAG(int, seed, 0, "bootstrap RNG seed");
 ABSL_FLAG(std::string, out, "eval_out", "output directory");
 ABSL_FLAG(bool, plots, true, "draw PNG plots with gnuplot");
+ABSL_FLAG(bool, strict, false,
+          "fail the run on a case that does not fit the model's positions (default: skip it with a warning)");
+ABSL_FLAG(double, progress_interval, 5.0,
+          "when stderr is not a terminal: seconds between progress lines (first and last case always print)");
 
 namespace {
 
@@ -74,11 +84,6 @@ bool WriteFile(const std::filesystem::path& path, const std::string& contents) {
   std::ofstream f(path, std::ios::binary);
   f << contents;
   return static_cast<bool>(f);
-}
-
-std::string FormatSeconds(double s) {
-  const int t = static_cast<int>(s + 0.5);
-  return t >= 60 ? absl::StrCat(t / 60, "m", t % 60 < 10 ? "0" : "", t % 60, "s") : absl::StrCat(t, "s");
 }
 
 }  // namespace
@@ -134,20 +139,35 @@ int main(int argc, char** argv) {
   if (ec) return Fail(absl::StrCat("--out: cannot create ", out_dir.string(), ": ", ec.message()));
 
   std::vector<echokv::eval::MetricRow> rows;
+  std::vector<std::string> skipped;  // ids of cases that do not fit the model's positions
   const auto t0 = std::chrono::steady_clock::now();
   const size_t total = cases->size();
+  const bool terminal = isatty(fileno(stderr)) == 1;
+  echokv::eval::ProgressReporter progress(terminal, absl::GetFlag(FLAGS_progress_interval));
   for (size_t i = 0; i < total; ++i) {
-    auto r = (*evaluator)->EvaluateCase((*cases)[i]);
-    if (!r.ok()) return Fail(r.status().ToString());
-    rows.insert(rows.end(), r->begin(), r->end());
+    const echokv::eval::EvalCase& c = (*cases)[i];
+    // One long case must not throw away the rest of a long run: skip it, say so once,
+    // and count it in the summary (--strict keeps the old hard error).
+    if (absl::Status fits = (*evaluator)->CheckFits(c); !fits.ok()) {
+      if (absl::GetFlag(FLAGS_strict)) return Fail(absl::StrCat(fits.message(), " (--strict)"));
+      std::fprintf(stderr, "%s[echokv-eval] warning: skipping %s\n", terminal ? "\r\033[K" : "",
+                   std::string(fits.message()).c_str());
+      skipped.push_back(c.id);
+    } else {
+      auto r = (*evaluator)->EvaluateCase(c);
+      if (!r.ok()) return Fail(r.status().ToString());
+      rows.insert(rows.end(), r->begin(), r->end());
+    }
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double eta = elapsed / (i + 1) * (total - i - 1);
-    std::fprintf(stderr, "\r[echokv-eval] %zu/%zu cases  elapsed %s  ETA %s   ", i + 1, total,
-                 FormatSeconds(elapsed).c_str(), FormatSeconds(eta).c_str());
+    std::fputs(progress.Update(i + 1, total, elapsed).c_str(), stderr);
     std::fflush(stderr);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::fprintf(stderr, "\n");
+  std::fputs(progress.Finish().c_str(), stderr);
+  if (skipped.size() == total && total > 0) {
+    return Fail(absl::StrCat("every case (", total, ") was skipped: none fits the model's ",
+                             (*model)->config().max_position_embeddings, " positions"));
+  }
 
   echokv::eval::BootstrapOptions bo;
   bo.resamples = absl::GetFlag(FLAGS_resamples);
@@ -159,7 +179,11 @@ int main(int argc, char** argv) {
   std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
   std::string header = absl::StrCat(
       "# echokv-eval summary\n\n```\n", command, "\n```\n\n- model: ", model_dir, "\n- data: ", data_path,
-      " (", total, " cases)\n- steps ", opt.steps, ", lookahead T ", opt.lookahead, ", echokv workspace B1 ",
+      " (", total, " cases, ", total - skipped.size(), " evaluated)\n- skipped: ", skipped.size(),
+      skipped.empty() ? std::string()
+                      : absl::StrCat(" (", absl::StrJoin(skipped, ", "), ": prompt + decode steps exceed the model's ",
+                                     (*model)->config().max_position_embeddings, " positions)"),
+      "\n- steps ", opt.steps, ", lookahead T ", opt.lookahead, ", echokv workspace B1 ",
       opt.ConfigFor(echokv::compression::PolicyKind::kEchoKv, opt.budgets.front()).EffectiveWorkspace(),
       ", oracle steps K ", opt.oracle_steps, "\n- evaluation time ", absl::StrFormat("%.1f", seconds),
       " s, ", date, "\n");
@@ -178,7 +202,7 @@ int main(int argc, char** argv) {
                           << out_dir.string();
     }
   }
-  std::fprintf(stderr, "[echokv-eval] %zu cases in %.1f s; wrote %s/{results.csv,summary.md,plots}\n", total,
-               seconds, out_dir.string().c_str());
+  std::fprintf(stderr, "[echokv-eval] %zu cases in %.1f s (%zu skipped); wrote %s/{results.csv,summary.md,plots}\n",
+               total, seconds, skipped.size(), out_dir.string().c_str());
   return 0;
 }

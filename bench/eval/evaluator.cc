@@ -89,18 +89,39 @@ std::vector<IndexSets> StepTopK(const model::KvCache& ctx, const QueryTrace& tra
   return out;
 }
 
+int64_t PositionsNeededImpl(const EvalOptions& opt, const EvalCase& c) {
+  const int64_t L = static_cast<int64_t>(c.prompt_ids.size());
+  const int64_t answer_fed = std::max<int64_t>(0, static_cast<int64_t>(c.answer_ids.size()) - 1);
+  return L + std::max<int64_t>(opt.DecodeSteps(), answer_fed);
+}
+
+absl::Status CheckFitsImpl(const model::ModelConfig& cfg, const EvalOptions& opt, const EvalCase& c) {
+  const int64_t max_pos = cfg.max_position_embeddings;
+  if (max_pos <= 0) return absl::OkStatus();
+  const int64_t L = static_cast<int64_t>(c.prompt_ids.size());
+  const int64_t steps = opt.DecodeSteps();
+  if (L + steps > max_pos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "case ", c.id, " (line ", c.line, "): prompt_ids holds ", L, " tokens; with ", steps,
+        " decode steps (max of steps, lookahead, oracle_steps) it needs ", L + steps,
+        " positions, beyond the model's max_position_embeddings (", max_pos, ")"));
+  }
+  const int64_t answer = static_cast<int64_t>(c.answer_ids.size());
+  if (answer > 0 && L + answer - 1 > max_pos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "case ", c.id, " (line ", c.line, "): prompt_ids holds ", L, " tokens; answer_ids (", answer,
+        " tokens, the last one never fed back) needs ", L + answer - 1,
+        " positions, beyond the model's max_position_embeddings (", max_pos, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<MetricRow>> EvaluateImpl(const model::Transformer& m, const EvalOptions& opt,
                                                     const EvalCase& c) {
   const model::ModelConfig& cfg = m.config();
   const int64_t L = static_cast<int64_t>(c.prompt_ids.size());
   if (L == 0) return absl::InvalidArgumentError(absl::StrCat("case ", c.id, ": prompt_ids is empty"));
-  const int64_t decode_steps = std::max<int64_t>(opt.DecodeSteps(), c.answer_ids.size());
-  if (cfg.max_position_embeddings > 0 && L + decode_steps > cfg.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "case ", c.id, " (line ", c.line, "): prompt_ids holds ", L, " tokens; with ",
-        decode_steps, " decode steps it exceeds the model's ", cfg.max_position_embeddings,
-        " positions"));
-  }
+  ECHOKV_RETURN_IF_ERROR(CheckFitsImpl(cfg, opt, c));
   for (int t : c.prompt_ids) {
     if (t < 0 || t >= cfg.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("case ", c.id, ": prompt id ", t, " out of vocabulary"));
@@ -295,6 +316,14 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const model::Transf
   if (model == nullptr) return absl::InvalidArgumentError("model: must not be null");
   ECHOKV_RETURN_IF_ERROR(options.Validate());
   return std::unique_ptr<Evaluator>(new Evaluator(model, options));
+}
+
+int64_t Evaluator::PositionsNeeded(const EvalCase& eval_case) const {
+  return PositionsNeededImpl(options_, eval_case);
+}
+
+absl::Status Evaluator::CheckFits(const EvalCase& eval_case) const {
+  return CheckFitsImpl(model_->config(), options_, eval_case);
 }
 
 absl::StatusOr<std::vector<MetricRow>> Evaluator::EvaluateCase(const EvalCase& eval_case) const {

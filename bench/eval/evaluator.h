@@ -93,9 +93,21 @@ class Evaluator {
                                                            const EvalOptions& options);
 
   // Every metric of every (policy, budget) for one case, plus the Table 1 rows.
-  // The prompt plus DecodeSteps() must fit the model's max_position_embeddings
-  // (InvalidArgument naming the case otherwise). Deterministic.
+  // The case must fit the model's positions (CheckFits; its error otherwise).
+  // Deterministic.
   absl::StatusOr<std::vector<MetricRow>> EvaluateCase(const EvalCase& eval_case) const;
+
+  // Positions the case feeds to the model: the prompt (0 .. L-1), then the tokens the
+  // decode loops feed back. The full-cache reference feeds x_0 .. x_{S-1} for
+  // S = DecodeSteps() (it samples x_S and never feeds it); the exact-match run feeds
+  // all but the last of its |answer| tokens. So L + max(S, |answer| - 1).
+  int64_t PositionsNeeded(const EvalCase& eval_case) const;
+
+  // OK when PositionsNeeded() <= the model's max_position_embeddings (or the model
+  // declares none); InvalidArgument naming the case, its line and the fields otherwise.
+  // That is: L + S <= max_pos and L + |answer| <= max_pos + 1, the bound of a
+  // generator whose last token is not fed back (llama2.c's run.c, echokv-generate).
+  absl::Status CheckFits(const EvalCase& eval_case) const;
 
   const EvalOptions& options() const { return options_; }
 
