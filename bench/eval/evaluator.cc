@@ -104,14 +104,14 @@ absl::Status CheckFitsImpl(const model::ModelConfig& cfg, const EvalOptions& opt
     return absl::InvalidArgumentError(absl::StrCat(
         "case ", c.id, " (line ", c.line, "): prompt_ids holds ", L, " tokens; with ", steps,
         " decode steps (max of steps, lookahead, oracle_steps) it needs ", L + steps,
-        " positions, beyond the model's max_position_embeddings (", max_pos, ")"));
+        " positions, which exceeds the model's max_position_embeddings (", max_pos, ")"));
   }
   const int64_t answer = static_cast<int64_t>(c.answer_ids.size());
   if (answer > 0 && L + answer - 1 > max_pos) {
     return absl::InvalidArgumentError(absl::StrCat(
         "case ", c.id, " (line ", c.line, "): prompt_ids holds ", L, " tokens; answer_ids (", answer,
         " tokens, the last one never fed back) needs ", L + answer - 1,
-        " positions, beyond the model's max_position_embeddings (", max_pos, ")"));
+        " positions, which exceeds the model's max_position_embeddings (", max_pos, ")"));
   }
   return absl::OkStatus();
 }
