@@ -1694,8 +1694,18 @@ void Engine::DeleteSession(Caller caller, std::string session_id, DoneFn<int64_t
     return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
   }
   absl::StatusOr<int64_t> freed = impl_->store->Delete(session_id, caller.tenant);
-  if (freed.ok()) impl_->ForgetOnDisk(session_id);
-  done(std::move(freed));
+  Impl* impl = impl_.get();
+  if (!freed.ok() || impl->durable == nullptr || !impl->durable->Contains(session_id)) return done(std::move(freed));
+  // Answered only once the files are gone, like every other mutation: an acknowledged delete
+  // must not come back after a crash (the writer may still be busy with other sessions' turns).
+  impl->io->Submit([impl, session_id, bytes = *freed, done = std::move(done)](bool) {
+    absl::Status s = impl->durable->DeleteSession(session_id);
+    if (!s.ok() && !absl::IsNotFound(s)) {
+      ECHOKV_LOG(ERROR) << "removing a saved session failed: " << s.message();
+      return done(absl::Status(s.code(), absl::StrCat("removing the saved session: ", s.message())));
+    }
+    done(bytes);
+  });
 }
 
 void Engine::InspectCache(Caller caller, std::string session_id, bool include_positions,
