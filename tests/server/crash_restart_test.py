@@ -159,7 +159,8 @@ class CrashRestartTest(unittest.TestCase):
         self.rng = rng
         self.sessions = {}  # id -> Expected
         self.stats = {"kills": 0, "acked": 0, "acked_then_killed": 0, "unacked_absent": 0,
-                      "unacked_present": 0, "verified_states": 0}
+                      "unacked_present": 0, "verified_states": 0,
+                      "killed_after_ack": 0}
         self.duration = 0.03  # running estimate of one mutation's time (s)
 
         try:
@@ -205,8 +206,10 @@ class CrashRestartTest(unittest.TestCase):
         if len(self.sessions) < 2 or (len(self.sessions) < MAX_SESSIONS and rng.random() < 0.1):
             return ("create", None, [1] + self.random_ids(rng.randrange(6, 14)))
         sid = rng.choice(sorted(self.sessions))
-        if len(self.sessions[sid].tokens) > MAX_TOKENS or rng.random() < 0.04:
+        if len(self.sessions[sid].tokens) > MAX_TOKENS or rng.random() < 0.06:
             return ("delete", sid, None)
+        if len(self.sessions) < MAX_SESSIONS and rng.random() < 0.08:
+            return ("fork", sid, None)
         if rng.random() < 0.5:
             return ("append", sid, self.random_ids(rng.randrange(1, 12)))
         return ("commit", sid, rng.randrange(1, GREEDY_N + 1))
@@ -221,6 +224,8 @@ class CrashRestartTest(unittest.TestCase):
             return client.append(sid, ids=arg)
         if kind == "commit":
             return client.generate(sid, max_tokens=arg, ignore_eos=True, commit=True).collect()
+        if kind == "fork":
+            return client.fork(sid)
         return client.delete(sid)
 
     def after_tokens(self, op):
@@ -228,6 +233,8 @@ class CrashRestartTest(unittest.TestCase):
         if kind == "create":
             return list(arg)
         before = self.sessions[sid].tokens
+        if kind == "fork":
+            return list(before)
         if kind == "append":
             return before + list(arg)
         if kind == "commit":
@@ -242,7 +249,11 @@ class CrashRestartTest(unittest.TestCase):
             op = self.choose()
             kind, sid, arg = op
             self.rng_policy = rng.choice(self.policies)
+            # Most kills land at a random moment of the mutation (before it reaches the
+            # server, during its turn, while its segment or manifest is written, before
+            # the answer); some right after the answer arrived (acked = durable).
             killer = Killer(self.server, rng.uniform(0, 1.3 * self.duration)) if rng.random() < 0.6 else None
+            kill_after_ack = killer is None and rng.random() < 0.2
             t0 = time.monotonic()
             try:
                 result = self.run_op(op)
@@ -257,11 +268,15 @@ class CrashRestartTest(unittest.TestCase):
                 return op
             self.duration = 0.8 * self.duration + 0.2 * took
             self.acknowledge(op, result)
+            if kill_after_ack:
+                self.server.kill()
+                self.stats["killed_after_ack"] += 1
+                return None
             if not survived:
                 self.stats["acked_then_killed"] += 1
                 return None
             if kind != "delete":
-                self.record(result.id if kind == "create" else sid)
+                self.record(result.id if kind in ("create", "fork") else sid)
 
     def acknowledge(self, op, result):
         kind, sid, arg = op
@@ -270,6 +285,10 @@ class CrashRestartTest(unittest.TestCase):
             self.assertEqual(result.tokens_seen, len(arg))
             self.assertEqual(result.memory, "tiered")
             self.sessions[result.id] = Expected(self.rng_policy, arg)
+        elif kind == "fork":
+            source = self.sessions[sid]
+            self.assertEqual(result.tokens_seen, len(source.tokens))
+            self.sessions[result.id] = Expected(source.policy, source.tokens)
         elif kind == "append":
             self.assertEqual(result.tokens_seen, len(self.sessions[sid].tokens) + len(arg))
         elif kind == "commit":
@@ -279,7 +298,7 @@ class CrashRestartTest(unittest.TestCase):
             self.assertEqual(result.session.tokens_seen, len(e.tokens) + arg)
         if kind == "delete":
             del self.sessions[sid]
-        elif kind != "create":
+        elif kind not in ("create", "fork"):
             e = self.sessions[sid]
             e.tokens, e.positions, e.greedy = self.after_tokens(op), None, None
 
@@ -293,13 +312,15 @@ class CrashRestartTest(unittest.TestCase):
         missing = expected_ids - set(listed)
         if pending is not None:
             kind, sid, arg = pending
-            if kind == "create":
-                # An unacked create: no new session, or one holding exactly its input.
+            if kind in ("create", "fork"):
+                # An unacked create or fork: no new session, or one holding exactly its
+                # input (the source's tokens).
                 self.assertLessEqual(len(extra), 1, "sessions appeared: %s" % extra)
                 if extra:
                     (new_id,) = extra
-                    self.assertEqual(list(client.get(new_id, include_tokens=True).tokens), arg)
-                    self.sessions[new_id] = Expected(self.rng_policy, arg)
+                    tokens = self.after_tokens(pending)
+                    self.assertEqual(list(client.get(new_id, include_tokens=True).tokens), tokens)
+                    self.sessions[new_id] = Expected(self.rng_policy, tokens)
                     self.stats["unacked_present"] += 1
                 else:
                     self.stats["unacked_absent"] += 1
