@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
   if (!model.ok()) return echokv::bench::ReportBenchError(model.status());
   const auto& cfg = (*model)->config();
   const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : echokv::DefaultThreadCount();
-  std::printf("model %s: %d layers, hidden %d, %d/%d heads, vocab %d; %d threads (the C baseline gets the same)\n",
+  std::printf("model %s: %d layers, hidden %d, %d/%d heads, vocab %d; %d threads\n",
               dir.c_str(), cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size, threads);
   struct Baseline {
     const char* label;
