@@ -1,12 +1,18 @@
-// A plain C implementation of the Llama forward pass in the style of llama2.c's
-// run.c (one token at a time, float32, naive loops, OpenMP over matmul rows and
-// heads), reading the same Hugging Face directory (config.json + F32
-// model.safetensors) that echokv reads. It is the baseline of the decode-speed
-// target in docs/BENCHMARKS.md: echokv must decode at least as fast on the same
-// weights. Only the loader uses C++ (JSON); the compute is plain C.
+// llama2.c's run.c forward pass (karpathy/llama2.c commit 350e04fe: one token at a
+// time, float32, naive loops, `#pragma omp parallel for` over matmul rows and heads),
+// reading the same Hugging Face directory (config.json + F32 model.safetensors) that
+// echokv reads. It is the baseline of the decode-speed target in docs/BENCHMARKS.md:
+// echokv must decode at least as fast on the same weights. Only the loader uses C++
+// (JSON); forward() is run.c's, line for line, except that rms_norm_eps, rope_theta,
+// head_dim and the query width come from config.json instead of being 1e-5, 10000,
+// dim / n_heads and dim.
+// bench/CMakeLists.txt builds it with each of llama2.c's Makefile recipes (run,
+// runfast, runomp).
 //
-//   echokv-bench-llama2c --model DIR --context 512 --decode 128
-//   -> prints prefill (token-by-token) and decode tokens/s, and the greedy ids.
+//   echokv-bench-llama2c-runomp --model DIR --context 512 --decode 128
+//   -> prints prefill (token-by-token) and decode tokens/s, and the first greedy ids.
+//   echokv-bench-llama2c-runomp --model DIR --golden DIR/golden_public.json
+//   -> replays each golden case's prompt, decodes greedily, exits 1 on any differing id.
 #include <fcntl.h>
 #include <math.h>
 #include <stdint.h>
@@ -21,6 +27,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "nlohmann/json.hpp"
 
@@ -76,19 +83,6 @@ static void matmul(float* xout, const float* x, const float* w, int n, int d) {
   }
 }
 
-// HF rotate_half RoPE on one head vector (pairs i and i + hd/2).
-static void rope(float* v, int hd, int pos, float theta) {
-  int half = hd / 2;
-  for (int i = 0; i < half; i++) {
-    float freq = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
-    float val = (float)pos * freq;
-    float fcr = cosf(val), fci = sinf(val);
-    float v0 = v[i], v1 = v[i + half];
-    v[i] = v0 * fcr - v1 * fci;
-    v[i + half] = v0 * fci + v1 * fcr;
-  }
-}
-
 static float* forward(const Config* p, const Weights* w, RunState* s, int token, int pos) {
   int dim = p->dim, hd = p->head_dim, kv_dim = p->n_kv_heads * hd, q_dim = p->n_heads * hd;
   int kv_mul = p->n_heads / p->n_kv_heads, hidden_dim = p->hidden_dim;
@@ -101,8 +95,24 @@ static float* forward(const Config* p, const Weights* w, RunState* s, int token,
     matmul(s->q, s->xb, w->wq[l], dim, q_dim);
     matmul(s->k, s->xb, w->wk[l], dim, kv_dim);
     matmul(s->v, s->xb, w->wv[l], dim, kv_dim);
-    for (int h = 0; h < p->n_heads; h++) rope(s->q + h * hd, hd, pos, p->theta);
-    for (int h = 0; h < p->n_kv_heads; h++) rope(s->k + h * hd, hd, pos, p->theta);
+    // RoPE exactly as run.c: one powf/cosf/sinf per pair index over the query
+    // width, rotating k in the same pass while i < kv_dim. The pairs are llama2.c's
+    // interleaved (i, i+1): main() undid HF's rotate_half row permutation of wq and wk.
+    for (int i = 0; i < q_dim; i += 2) {
+      int head_dim = i % hd;
+      float freq = 1.0f / powf(p->theta, head_dim / (float)hd);
+      float val = pos * freq;
+      float fcr = cosf(val);
+      float fci = sinf(val);
+      int rotn = i < kv_dim ? 2 : 1;  // how many vectors? 2 = q & k, 1 = q only
+      for (int v = 0; v < rotn; v++) {
+        float* vec = v == 0 ? s->q : s->k;  // the vector to rotate (query or key)
+        float v0 = vec[i];
+        float v1 = vec[i + 1];
+        vec[i] = v0 * fcr - v1 * fci;
+        vec[i + 1] = v0 * fci + v1 * fcr;
+      }
+    }
     int h;
 #pragma omp parallel for private(h)
     for (h = 0; h < p->n_heads; h++) {
@@ -160,17 +170,66 @@ static void die(const std::string& msg) {
   exit(1);
 }
 
+// HF checkpoints converted from llama2.c (and HF Llama in general) permute the rows of
+// q_proj and k_proj within each head so that rotate_half pairs (j, j + hd/2); run.c
+// pairs (2j, 2j+1). Undo it once at load time (HF row h*hd + a*hd/2 + j becomes
+// llama2.c row h*hd + 2j + a), so that forward() can rotate exactly as run.c does.
+// Scores q.k are sums over the same products in another order, so the model is the same.
+static const float* unpermute_rope_rows(const float* w, int heads, int hd, int n) {
+  float* out = (float*)malloc((size_t)heads * hd * n * sizeof(float));
+  int half = hd / 2;
+  for (int h = 0; h < heads; h++)
+    for (int a = 0; a < 2; a++)
+      for (int j = 0; j < half; j++)
+        memcpy(out + ((size_t)h * hd + 2 * j + a) * n, w + ((size_t)h * hd + a * half + j) * n, n * sizeof(float));
+  return out;
+}
+
+static void reset_cache(const Config* p, RunState* s) {
+  size_t n = (size_t)p->n_layers * p->seq_len * p->n_kv_heads * p->head_dim;
+  memset(s->key_cache, 0, n * sizeof(float));
+  memset(s->value_cache, 0, n * sizeof(float));
+}
+
+// Replays every case of a stories260K golden file (llama2.c run.c's greedy ids):
+// prompt ids, then greedy decoding of as many tokens as the case has. 0 if all match.
+static int check_golden(const Config* p, const Weights* w, RunState* s, const nlohmann::json& cases) {
+  int failed = 0;
+  for (const auto& c : cases) {
+    std::vector<int> prompt = c.at("prompt_ids").get<std::vector<int>>();
+    std::vector<int> want = c.at("generated_ids").get<std::vector<int>>();
+    std::string name = c.at("name").get<std::string>();
+    reset_cache(p, s);
+    int pos = 0;
+    for (int id : prompt) forward(p, w, s, id, pos++);
+    int first_bad = -1;
+    for (size_t i = 0; i < want.size(); i++) {
+      int next = argmax(s->logits, p->vocab_size);
+      if (next != want[i]) {
+        first_bad = (int)i;
+        printf("golden %s: generated id %zu is %d, run.c gave %d\n", name.c_str(), i, next, want[i]);
+        break;
+      }
+      if (i + 1 < want.size()) forward(p, w, s, next, pos++);
+    }
+    if (first_bad < 0) printf("golden %s: %zu/%zu generated ids match run.c\n", name.c_str(), want.size(), want.size());
+    else failed++;
+  }
+  return failed == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
-  std::string dir;
+  std::string dir, golden;
   int context = 512, decode = 128;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--model") dir = argv[i + 1];
     else if (a == "--context") context = atoi(argv[i + 1]);
     else if (a == "--decode") decode = atoi(argv[i + 1]);
+    else if (a == "--golden") golden = argv[i + 1];
     else die("unknown flag " + a);
   }
-  if (dir.empty()) die("usage: --model DIR [--context N] [--decode M]");
+  if (dir.empty()) die("usage: --model DIR [--context N] [--decode M] [--golden FILE]");
   std::ifstream cf(dir + "/config.json");
   if (!cf) die("cannot read " + dir + "/config.json");
   nlohmann::json cj = nlohmann::json::parse(cf);
@@ -186,7 +245,18 @@ int main(int argc, char** argv) {
   p.theta = cj.value("rope_theta", 10000.0f);
   p.tied = cj.value("tie_word_embeddings", false);
   p.seq_len = context + decode + 1;
+  nlohmann::json golden_cases;
+  if (!golden.empty()) {
+    std::ifstream gf(golden);
+    if (!gf) die("cannot read " + golden);
+    golden_cases = nlohmann::json::parse(gf).at("cases");
+    for (const auto& c : golden_cases) {
+      int need = (int)(c.at("prompt_ids").size() + c.at("generated_ids").size());
+      if (need > p.seq_len) p.seq_len = need;
+    }
+  }
   if (p.n_layers > 256) die("too many layers");
+  if (p.head_dim % 2 != 0) die("head_dim must be even for RoPE");
 
   std::string path = dir + "/model.safetensors";
   int fd = open(path.c_str(), O_RDONLY);
@@ -209,8 +279,8 @@ int main(int argc, char** argv) {
     std::string b = "model.layers." + std::to_string(l) + ".";
     w.ln1[l] = get(b + "input_layernorm.weight");
     w.ln2[l] = get(b + "post_attention_layernorm.weight");
-    w.wq[l] = get(b + "self_attn.q_proj.weight");
-    w.wk[l] = get(b + "self_attn.k_proj.weight");
+    w.wq[l] = unpermute_rope_rows(get(b + "self_attn.q_proj.weight"), p.n_heads, p.head_dim, p.dim);
+    w.wk[l] = unpermute_rope_rows(get(b + "self_attn.k_proj.weight"), p.n_kv_heads, p.head_dim, p.dim);
     w.wv[l] = get(b + "self_attn.v_proj.weight");
     w.wo[l] = get(b + "self_attn.o_proj.weight");
     w.w1[l] = get(b + "mlp.gate_proj.weight");
@@ -232,6 +302,8 @@ int main(int argc, char** argv) {
   s.logits = (float*)calloc(p.vocab_size, sizeof(float));
   s.key_cache = (float*)calloc((size_t)p.n_layers * p.seq_len * kv_dim, sizeof(float));
   s.value_cache = (float*)calloc((size_t)p.n_layers * p.seq_len * kv_dim, sizeof(float));
+
+  if (!golden.empty()) return check_golden(&p, &w, &s, golden_cases);
 
   // Context: BOS then a fixed pseudo-random token pattern (the same as echokv's bench).
   double t0 = now_s();

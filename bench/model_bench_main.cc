@@ -1,13 +1,19 @@
-// Prefill and decode speed of echokv's transformer, side by side with the plain C
-// llama2.c-style reference (echokv-bench-llama2c) on the same weights and context.
+// Prefill and decode speed of echokv's transformer, side by side with llama2.c's run.c
+// forward pass (bench/llama2c_ref.cc) built per llama2.c's Makefile recipes `runomp`
+// (the headline: -Ofast -fopenmp -march=native, same thread count as echokv), `run`
+// (-O3) and `runfast` (-Ofast), on the same weights and context. The baselines are
+// found next to this binary unless given.
 //
-//   echokv-bench-model --model /work/shared/models/stories260K --contexts 128,448
-//       --decode 64 --llama2c build/bin/echokv-bench-llama2c
-//   echokv-bench-model --random40m /tmp/echokv-m40 --contexts 512,2048 --decode 64 ...
+//   echokv-bench-model --model /work/shared/models/stories260K --contexts 512,2048 --decode 256
+//   echokv-bench-model --random40m /tmp/echokv-m40 --contexts 512,2048 --decode 64
 #include <ATen/Parallel.h>
+
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,8 +36,12 @@ ABSL_FLAG(std::string, contexts, "512,2048", "context lengths, comma-separated")
 ABSL_FLAG(int, decode, 64, "tokens to decode after each context");
 ABSL_FLAG(int, chunk, 256, "prefill chunk size");
 ABSL_FLAG(int, threads, 0, "LibTorch threads (0 = all cores)");
-ABSL_FLAG(std::string, llama2c, "", "path of echokv-bench-llama2c to run on the same weights");
-ABSL_FLAG(std::string, llama2c_fast, "", "path of echokv-bench-llama2c-fast (-Ofast -march=native build)");
+ABSL_FLAG(std::string, llama2c_runomp, "auto",
+          "echokv-bench-llama2c-runomp (llama2.c `make runomp`: -Ofast -fopenmp -march=native), the headline "
+          "baseline; auto = next to this binary, empty = skip");
+ABSL_FLAG(std::string, llama2c_run, "auto", "echokv-bench-llama2c-run (llama2.c `make run`: -O3, one thread)");
+ABSL_FLAG(std::string, llama2c_runfast, "auto",
+          "echokv-bench-llama2c-runfast (llama2.c `make runfast`: -Ofast, one thread)");
 
 namespace {
 
@@ -56,6 +66,24 @@ double RunLlama2c(const std::string& bin, const std::string& dir, int context, i
   return decode_tps;
 }
 
+// A baseline flag's binary: "auto" is the one next to this binary (if it exists).
+std::string BaselinePath(const std::string& flag, const std::string& recipe) {
+  if (flag != "auto") return flag;
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "";
+  std::string path(buf, static_cast<size_t>(n));
+  path = path.substr(0, path.rfind('/')) + "/echokv-bench-llama2c-" + recipe;
+  return access(path.c_str(), X_OK) == 0 ? path : "";
+}
+
+// The 1-minute load average: these figures are only as good as the machine was idle.
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one;
+  return in >> one ? one : "?";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -69,10 +97,24 @@ int main(int argc, char** argv) {
   if (!model.ok()) return echokv::bench::ReportBenchError(model.status());
   const auto& cfg = (*model)->config();
   const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : echokv::DefaultThreadCount();
-  std::printf("model %s: %d layers, hidden %d, %d/%d heads, vocab %d; %d threads (the C baseline gets the same)\n",
+  std::printf("model %s: %d layers, hidden %d, %d/%d heads, vocab %d; %d threads\n",
               dir.c_str(), cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size, threads);
-  std::printf("%-8s %14s %14s %16s %8s %16s %8s\n", "context", "prefill tok/s", "decode tok/s", "llama2c -O3",
-              "ratio", "llama2c -Ofast", "ratio");
+  struct Baseline {
+    const char* label;
+    std::string bin;
+  };
+  const Baseline baselines[] = {
+      {"runomp", BaselinePath(absl::GetFlag(FLAGS_llama2c_runomp), "runomp")},
+      {"run", BaselinePath(absl::GetFlag(FLAGS_llama2c_run), "run")},
+      {"runfast", BaselinePath(absl::GetFlag(FLAGS_llama2c_runfast), "runfast")},
+  };
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  std::printf("baselines: llama2.c run.c built as `make runomp` (-Ofast -fopenmp -march=native, OMP_NUM_THREADS=%d: "
+              "the headline), `make run` (-O3) and `make runfast` (-Ofast), the last two single-threaded as in "
+              "llama2.c; ratio = echokv decode tok/s / baseline decode tok/s. OPENBLAS_CORETYPE=%s\n",
+              threads, coretype != nullptr ? coretype : "(unset)");
+  std::printf("%-8s %14s %14s %14s %8s %14s %8s %14s %8s %6s\n", "context", "prefill tok/s", "decode tok/s",
+              "runomp tok/s", "ratio", "run tok/s", "ratio", "runfast tok/s", "ratio", "load1");
   for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_contexts), ',')) {
     int context = 0;
     if (!absl::SimpleAtoi(c, &context) || context < 1) {
@@ -105,15 +147,15 @@ int main(int argc, char** argv) {
     const double prefill_tps = context / Seconds(t0, t1);
     const double decode_tps = decode / Seconds(t1, t2);
     std::printf("%-8d %14.1f %14.1f", context, prefill_tps, decode_tps);
-    for (const std::string& bin : {absl::GetFlag(FLAGS_llama2c), absl::GetFlag(FLAGS_llama2c_fast)}) {
-      const double ref = bin.empty() ? 0 : RunLlama2c(bin, dir, context, decode, threads);
+    for (const Baseline& b : baselines) {
+      const double ref = b.bin.empty() ? 0 : RunLlama2c(b.bin, dir, context, decode, threads);
       if (ref > 0) {
-        std::printf(" %16.1f %7.2fx", ref, decode_tps / ref);
+        std::printf(" %14.1f %7.2fx", ref, decode_tps / ref);
       } else {
-        std::printf(" %16s %8s", "-", "-");
+        std::printf(" %14s %8s", "-", "-");
       }
     }
-    std::printf("\n");
+    std::printf(" %6s\n", LoadAverage().c_str());
     std::fflush(stdout);
   }
   return 0;

@@ -2,9 +2,13 @@
 // Starts the server binary itself (on stories260K from $ECHOKV_TEST_DATA or --model),
 // then for each N in --clients creates N sessions and streams N Generate calls at
 // once, --rounds times: aggregate tokens/s (all tokens / wall time of the round),
-// p50/p99 time to first token (client side, from the call to the first token) and
-// inter-token latency (gap between streamed messages, shared by the ids in a message). Also the KV memory of one session with the policy vs the `full` policy
-// (from GetSession / InspectCache figures).
+// p50/p99 time to first token (client side, from the Generate call to the first token;
+// the sessions exist already, so this excludes prefill and compression) and
+// inter-token latency (gap between streamed messages, shared by the ids in a message).
+// Then, --rounds times, N clients at once each call CreateSession (prefill +
+// compression) and then Generate: the TTFT from the CreateSession call to the first
+// generated token, what a new conversation waits. Also the KV memory of one session
+// with the policy vs the `full` policy (from GetSession / InspectCache figures).
 //
 //   build/bin/echokv-bench-server                                    # stories260K
 //   build/bin/echokv-bench-server --model DIR --clients 1,4,16 --max_tokens 64
@@ -180,11 +184,12 @@ void DeleteSession(v1::EchoKV::Stub& stub, const std::string& id) {
 struct StreamResult {
   absl::Status status;
   int tokens = 0;
-  double ttft_s = 0;                   // call start -> first token
+  double ttft_s = 0;                   // origin (the Generate call unless given) -> first token
   std::vector<double> inter_token_s;   // gaps between successive tokens
 };
 
-StreamResult StreamOnce(v1::EchoKV::Stub& stub, const std::string& session_id, int max_tokens) {
+StreamResult StreamOnce(v1::EchoKV::Stub& stub, const std::string& session_id, int max_tokens,
+                        std::optional<Clock::time_point> origin = std::nullopt) {
   StreamResult result;
   v1::GenerateRequest request;
   request.set_session_id(session_id);
@@ -203,7 +208,7 @@ StreamResult StreamOnce(v1::EchoKV::Stub& stub, const std::string& session_id, i
     // A message may carry several ids (the server holds back incomplete UTF-8): the
     // gap is shared evenly by its ids, so every token contributes one sample.
     if (result.tokens == 0) {
-      result.ttft_s = gap;
+      result.ttft_s = origin.has_value() ? std::chrono::duration<double>(now - *origin).count() : gap;
       for (int i = 1; i < n; ++i) result.inter_token_s.push_back(0.0);
     } else {
       for (int i = 0; i < n; ++i) result.inter_token_s.push_back(gap / n);
@@ -212,6 +217,29 @@ StreamResult StreamOnce(v1::EchoKV::Stub& stub, const std::string& session_id, i
     last = now;
   }
   result.status = client::FromGrpcStatus(reader->Finish());
+  return result;
+}
+
+// A new conversation: CreateSession (prefill + compression), then Generate; the TTFT
+// runs from the CreateSession call to the first generated token.
+struct ColdResult {
+  StreamResult stream;
+  double create_s = 0;  // CreateSession call -> its stream finished (session ready)
+  std::string session_id;
+};
+
+ColdResult CreateAndStreamOnce(v1::EchoKV::Stub& stub, const std::string& text, const std::string& policy,
+                               int budget, int lookahead, int max_tokens) {
+  ColdResult result;
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<v1::Session> session = CreateSession(stub, text, policy, budget, lookahead);
+  result.create_s = std::chrono::duration<double>(Clock::now() - start).count();
+  if (!session.ok()) {
+    result.stream.status = session.status();
+    return result;
+  }
+  result.session_id = session->id();
+  result.stream = StreamOnce(stub, session->id(), max_tokens, start);
   return result;
 }
 
@@ -310,8 +338,11 @@ int Run() {
     DeleteSession(*stub, compressed->id());
 
     // ---- concurrency levels ----
+    std::printf("Sessions created beforehand: TTFT = Generate call -> first token (excludes prefill and "
+                "compression).\n\n");
     std::printf("| clients | tokens/s (aggregate) | TTFT p50 | TTFT p99 | inter-token p50 | inter-token p99 |\n");
     std::printf("|---:|---:|---:|---:|---:|---:|\n");
+    std::string cold_table;
     for (int n : levels) {
       std::vector<std::string> ids;
       for (int i = 0; i < n && exit_code == 0; ++i) {
@@ -356,6 +387,42 @@ int Run() {
                   1e3 * Percentile(ttft, 50), 1e3 * Percentile(ttft, 99), 1e3 * Percentile(itl, 50),
                   1e3 * Percentile(itl, 99));
       std::fflush(stdout);
+
+      // New conversations: N clients at once create their session and generate.
+      std::vector<double> cold_ttft, create;
+      for (int round = 0; round < rounds && exit_code == 0; ++round) {
+        std::vector<ColdResult> results(n);
+        absl::Barrier* barrier = new absl::Barrier(n + 1);  // deleted by the last Block()
+        std::vector<std::thread> threads;
+        for (int i = 0; i < n; ++i) {
+          threads.emplace_back([&, i] {
+            if (barrier->Block()) delete barrier;
+            results[i] = CreateAndStreamOnce(*stub, text, policy, budget, lookahead, max_tokens);
+          });
+        }
+        if (barrier->Block()) delete barrier;
+        for (std::thread& t : threads) t.join();
+        for (const ColdResult& r : results) {
+          if (!r.session_id.empty()) DeleteSession(*stub, r.session_id);
+          if (!r.stream.status.ok()) {
+            if (exit_code == 0) fail(r.stream.status);
+            continue;
+          }
+          cold_ttft.push_back(r.stream.ttft_s);
+          create.push_back(r.create_s);
+        }
+      }
+      if (exit_code != 0) break;
+      absl::StrAppendFormat(&cold_table, "| %d | %.2f ms | %.2f ms | %.2f ms | %.2f ms |\n", n,
+                            1e3 * Percentile(cold_ttft, 50), 1e3 * Percentile(cold_ttft, 99),
+                            1e3 * Percentile(create, 50), 1e3 * Percentile(create, 99));
+    }
+    if (exit_code == 0) {
+      std::printf("\nNew sessions: N clients at once call CreateSession (prefill + %s compression) then "
+                  "Generate; TTFT = CreateSession call -> first generated token.\n\n",
+                  policy.c_str());
+      std::printf("| clients | TTFT incl. CreateSession p50 | p99 | CreateSession alone p50 | p99 |\n");
+      std::printf("|---:|---:|---:|---:|---:|\n%s", cold_table.c_str());
     }
   } while (false);
 
