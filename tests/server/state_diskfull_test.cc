@@ -58,7 +58,17 @@ std::string EnterPrivateMountNamespace() {
       }
     }
     if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
-      return absl::StrCat("make / private: ", strerror(errno));
+      // In a chroot "/" is not a mount point (EINVAL). Our tmpfs mounts can then only
+      // leak into other namespaces through a shared mount; with none, nothing propagates.
+      const int err = errno;
+      std::ifstream mountinfo("/proc/self/mountinfo");
+      std::string line;
+      bool any_shared = false;
+      while (std::getline(mountinfo, line)) any_shared = any_shared || line.find(" shared:") != std::string::npos;
+      if (!mountinfo.eof() || any_shared) {
+        return absl::StrCat("make / private: ", strerror(err),
+                            any_shared ? " (and a shared mount would propagate ours)" : " (no /proc/self/mountinfo)");
+      }
     }
     return std::string();
   }();
