@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -273,6 +274,7 @@ struct Transformer::Impl {
   at::Tensor lm_head;              // [V, D] (the embedding when tied)
   at::Tensor inv_freq;             // [d/2] float32 CPU
   std::unique_ptr<ThreadPools> pools;  // which pool gets the threads, per path
+  bool decode_batch_blas = false;      // DecodeBatch's products through OpenBLAS (env, see there)
   mutable std::mutex trace_mu;         // guards trace (read by tests on other threads)
   mutable PoolTrace trace;
 
@@ -430,9 +432,27 @@ namespace {
 // Row i of a [N, cols] float32 matrix.
 inline float* RowPtr(at::Tensor& m, int64_t i) { return m.data_ptr<float>() + i * m.size(1); }
 
-// out [N, rows] = in [N, cols] W[rows, cols]^T (+ bias): one OpenBLAS product for every
-// row of the batch (the weights are read once, not once per row).
-void BatchedLinear(const at::Tensor& in, const at::Tensor& w, const at::Tensor& bias, at::Tensor& out) {
+// y[n, rows] = x[n, cols] W[rows, cols]^T (+ bias) with our own loops: every output is
+// MatVec's Dot(w_r, x_i) + b_r, so each row of a batched step gets exactly the bits the
+// single-row Decode computes; but each weight row is read from memory once for all n
+// inputs (it stays in L1 while the n dot products run), which is the point of batching
+// a memory-bound decode. Rows split over the OpenMP pool.
+void MatMulRows(const float* w, const float* x, const float* bias, int64_t n, int64_t rows, int64_t cols, float* y) {
+#pragma omp parallel for schedule(static) if (n * rows * cols >= kMinParallelWork)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* wr = w + r * cols;
+    const float b = bias ? bias[r] : 0.0f;
+    for (int64_t i = 0; i < n; ++i) y[i * rows + r] = Dot(wr, x + i * cols, cols) + b;
+  }
+}
+
+// out [N, rows] = in [N, cols] W[rows, cols]^T (+ bias) for every row of the batch at
+// once: our loops (MatMulRows, OpenMP pool) or one OpenBLAS product (batched pool).
+void BatchedLinear(bool blas, const at::Tensor& in, const at::Tensor& w, const at::Tensor& bias, at::Tensor& out) {
+  if (!blas) {
+    return MatMulRows(w.data_ptr<float>(), in.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr,
+                      in.size(0), w.size(0), w.size(1), out.data_ptr<float>());
+  }
   if (bias.defined()) {
     at::addmm_out(out, bias, in, w.t());
   } else {
@@ -466,18 +486,27 @@ absl::StatusOr<std::vector<DecodeResult>> Transformer::Impl::DecodeBatchCpu(absl
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<DecodeResult> results(N);
-  // The products get OpenBLAS's threads; the per-row loops between them (norms, RoPE,
-  // attention) run on this thread. Handing the cores to OpenMP for the attention and
-  // back twice per layer would cost more than the attention of short and mid-size
-  // contexts: the dense products dominate a decode step of the models served here.
-  pools->ForBatched();
+  // Products: by default our own loops on the OpenMP pool (MatMulRows), the whole step
+  // in the decode-loop setting, attention parallel over (row, head). Measured on the
+  // 2-core bench machine (docs/BENCHMARKS.md), OpenBLAS's small-row products were no
+  // faster than N single-row decodes up to N ~ 8 with the core OpenBLAS detects here
+  // (Prescott kernels on a CPU with AVX-512), and they sum in another order than
+  // Decode. ECHOKV_DECODE_BATCH_BLAS=1 (read at load) selects the OpenBLAS products in
+  // the batched setting instead, with the per-row loops on this thread (handing the
+  // cores over twice per layer costs more than those loops).
+  const bool blas = decode_batch_blas;
+  if (blas) {
+    pools->ForBatched();
+  } else {
+    pools->ForDecodeLoops();
+  }
   RecordPools(&PoolTrace::decode_batches, &PoolTrace::decode_batch);
   for (int l = 0; l < c.num_layers; ++l) {
     const Layer& w = layers[l];
     for (int64_t i = 0; i < N; ++i) {
       RmsNormRow(RowPtr(x, i), w.input_norm.data_ptr<float>(), D, c.rms_norm_eps, RowPtr(h, i));
     }
-    BatchedLinear(h, w.wqkv, w.bqkv, qkv);
+    BatchedLinear(blas, h, w.wqkv, w.bqkv, qkv);
     const bool window = c.UsesSlidingWindow(l);
     for (int64_t i = 0; i < N; ++i) {
       float* q = RowPtr(qkv, i);
@@ -490,15 +519,23 @@ absl::StatusOr<std::vector<DecodeResult>> Transformer::Impl::DecodeBatchCpu(absl
       KvCache* cache = rows[i].cache;
       ECHOKV_RETURN_IF_ERROR(cache->AppendRow(l, k, v, pos[i]));
       if (rows[i].return_queries) results[i].queries.push_back(at::from_blob(q, {H, d}, at::kFloat).clone());
-      float* out = RowPtr(attn, i);
-      for (int64_t hh = 0; hh < H; ++hh) AttendHead(*cache, l, q + hh * d, hh / r, pos[i], window, scale, out + hh * d);
     }
-    BatchedLinear(attn, w.wo, w.bo, o);
+    // Attention per (row, head) after every row's entry is appended; the rows' caches
+    // are distinct, so the pairs are independent.
+    int64_t work = 0;
+    for (int64_t i = 0; i < N; ++i) work += rows[i].cache->size(l) * H * d;
+#pragma omp parallel for schedule(dynamic, 1) if (!blas && work >= kMinParallelWork)
+    for (int64_t p = 0; p < N * H; ++p) {
+      const int64_t i = p / H, hh = p % H;
+      AttendHead(*rows[i].cache, l, RowPtr(qkv, i) + hh * d, hh / r, pos[i], window, scale,
+                 RowPtr(attn, i) + hh * d);
+    }
+    BatchedLinear(blas, attn, w.wo, w.bo, o);
     x.add_(o);
     for (int64_t i = 0; i < N; ++i) {
       RmsNormRow(RowPtr(x, i), w.post_norm.data_ptr<float>(), D, c.rms_norm_eps, RowPtr(h, i));
     }
-    BatchedLinear(h, w.w_gate_up, at::Tensor(), gu);
+    BatchedLinear(blas, h, w.w_gate_up, at::Tensor(), gu);
     for (int64_t i = 0; i < N; ++i) {
       const float* gi = RowPtr(gu, i);
       float* ai = RowPtr(act, i);
@@ -507,7 +544,7 @@ absl::StatusOr<std::vector<DecodeResult>> Transformer::Impl::DecodeBatchCpu(absl
         ai[j] = g / (1.0f + std::exp(-g)) * gi[I + j];
       }
     }
-    BatchedLinear(act, w.w_down, at::Tensor(), down);
+    BatchedLinear(blas, act, w.w_down, at::Tensor(), down);
     x.add_(down);
   }
   for (int64_t i = 0; i < N; ++i) {
@@ -515,7 +552,7 @@ absl::StatusOr<std::vector<DecodeResult>> Transformer::Impl::DecodeBatchCpu(absl
     RmsNormRow(RowPtr(x, i), final_norm.data_ptr<float>(), D, c.rms_norm_eps, RowPtr(h, i));
   }
   at::Tensor logits = at::empty({N, V}, f32);
-  BatchedLinear(h, lm_head, at::Tensor(), logits);
+  BatchedLinear(blas, h, lm_head, at::Tensor(), logits);
   // Each row's logits are a contiguous view of the batch's [N, V] block.
   for (int64_t i = 0; i < N; ++i) results[i].logits = logits.select(0, i);
   return results;
@@ -582,6 +619,8 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
 
   auto impl = std::make_unique<Impl>();
   impl->pools = std::make_unique<ThreadPools>(threads);
+  const char* blas_env = std::getenv("ECHOKV_DECODE_BATCH_BLAS");
+  impl->decode_batch_blas = blas_env != nullptr && std::string(blas_env) == "1";
   impl->pools->ForBatched();
   impl->config = config;
   impl->device_options = device;
