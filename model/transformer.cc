@@ -436,9 +436,11 @@ inline float* RowPtr(at::Tensor& m, int64_t i) { return m.data_ptr<float>() + i 
 // MatVec's Dot(w_r, x_i) + b_r, so each row of a batched step gets exactly the bits the
 // single-row Decode computes; but each weight row is read from memory once for all n
 // inputs (it stays in L1 while the n dot products run), which is the point of batching
-// a memory-bound decode. Rows split over the OpenMP pool.
+// a memory-bound decode. Rows split over the OpenMP pool in blocks handed out on
+// demand: on a shared machine one of the team's threads is often descheduled, and a
+// static half would hold the whole step until it runs again.
 void MatMulRows(const float* w, const float* x, const float* bias, int64_t n, int64_t rows, int64_t cols, float* y) {
-#pragma omp parallel for schedule(static) if (n * rows * cols >= kMinParallelWork)
+#pragma omp parallel for schedule(dynamic, 32) if (n * rows * cols >= kMinParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
     const float* wr = w + r * cols;
     const float b = bias ? bias[r] : 0.0f;
