@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,7 +61,8 @@ class ThreadPools {
  public:
   explicit ThreadPools(int threads)
       : threads_(threads),
-        openblas_set_(reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {}
+        openblas_set_(reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))),
+        openblas_get_(reinterpret_cast<GetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"))) {}
   void ForBatched() {
     if (openblas_set_ == nullptr) return SetOpenMp(threads_);
     SetOpenMp(1);
@@ -69,6 +72,14 @@ class ThreadPools {
     SetOpenMp(threads_);
     if (openblas_set_ != nullptr) SetOpenBlas(1);
   }
+  // What the libraries report now (not what was last asked of them).
+  PoolUse Current() const {
+    PoolUse u;
+    u.openmp = at::get_num_threads();
+    u.openblas = openblas_get_ != nullptr ? openblas_get_() : 0;
+    return u;
+  }
+  int threads() const { return threads_; }
   const char* Describe() const {
     return openblas_set_ != nullptr ? "OpenBLAS pool for batched products, OpenMP pool for decode loops"
                                     : "LibTorch pool";
@@ -76,6 +87,7 @@ class ThreadPools {
 
  private:
   using SetThreadsFn = void (*)(int);
+  using GetThreadsFn = int (*)();
   static void SetOpenMp(int n) {
     if (at::get_num_threads() != n) at::set_num_threads(n);
   }
@@ -85,6 +97,7 @@ class ThreadPools {
   }
   int threads_;                   // threads the user asked for
   SetThreadsFn openblas_set_;     // openblas_set_num_threads, or null for another BLAS
+  GetThreadsFn openblas_get_;     // openblas_get_num_threads, or null
   int openblas_threads_ = -1;     // last value given to OpenBLAS
 };
 
@@ -261,6 +274,17 @@ struct Transformer::Impl {
   at::Tensor lm_head;              // [V, D] (the embedding when tied)
   at::Tensor inv_freq;             // [d/2] float32 CPU
   std::unique_ptr<ThreadPools> pools;  // which pool gets the threads, per path
+  bool decode_batch_blas = false;      // DecodeBatch's products through OpenBLAS (env, see there)
+  mutable std::mutex trace_mu;         // guards trace (read by tests on other threads)
+  mutable PoolTrace trace;
+
+  // Records what the pools look like right now into one of trace's slots.
+  void RecordPools(int64_t PoolTrace::*count, PoolUse PoolTrace::*use) const {
+    const PoolUse now = pools->Current();
+    std::lock_guard<std::mutex> lock(trace_mu);
+    ++(trace.*count);
+    trace.*use = now;
+  }
 
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
     // HF LlamaRMSNorm: normalise in float32, cast back, then scale.
@@ -312,6 +336,38 @@ struct Transformer::Impl {
     return options.device().is_cpu() && options.dtype() == at::kFloat;
   }
 
+  // Attention of one post-RoPE query head q [d] at position `pos` over group g's
+  // entries of `layer` in `cache` (which already holds the token's own entry); writes
+  // the weighted sum of values to out [d]. Shared by Decode and DecodeBatch, so both
+  // attend exactly alike.
+  void AttendHead(const KvCache& cache, int layer, const float* q, int64_t g, int64_t pos, bool window, float scale,
+                  float* out) const {
+    const int64_t n = cache.size(layer), d = config.head_dim;
+    const int64_t stride = cache.GroupStride(layer);
+    std::vector<float> scores(n);
+    ScoreRows(q, cache.KeyData(layer) + g * stride, n, d, scale, scores.data());
+    if (window) {
+      const std::vector<int64_t>& kpos = cache.cells().positions(layer, static_cast<int>(g));
+      for (int64_t j = 0; j < n; ++j) {
+        if (pos - kpos[j] >= config.sliding_window) scores[j] = -std::numeric_limits<float>::infinity();
+      }
+    }
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, scores[j]);
+    float den = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      // exp underflows to 0 below -87; skipping libm's slow underflow path there.
+      const float z = scores[j] - mx;
+      den += (scores[j] = z < -87.0f ? 0.0f : std::exp(z));
+    }
+    const float inv_den = 1.0f / den;
+    for (int64_t j = 0; j < n; ++j) scores[j] *= inv_den;
+    WeightedSumRows(scores.data(), cache.ValueData(layer) + g * stride, n, d, out);
+  }
+
+  // DecodeBatch on CPU float32 for N > 1 validated rows (distinct caches).
+  absl::StatusOr<std::vector<DecodeResult>> DecodeBatchCpu(absl::Span<const DecodeRow> rows) const;
+
   // One token on CPU float32 with plain loops (same math as Forward, which the tests
   // compare it with). Appends the token's KV to `cache`.
   absl::StatusOr<DecodeResult> DecodeCpu(int token, KvCache* cache, bool return_queries) const {
@@ -345,33 +401,11 @@ struct Transformer::Impl {
         result.queries.push_back(at::from_blob(q, {H, d}, at::kFloat).clone());
       }
       const int64_t n = cache->size(l);
-      const float* kd = cache->KeyData(l);
-      const float* vd = cache->ValueData(l);
-      const int64_t stride = cache->GroupStride(l);
       const bool window = c.UsesSlidingWindow(l);
       // Heads split over the OpenMP pool when there is enough work per head.
 #pragma omp parallel for schedule(static) if (H * n * d >= kMinParallelWork)
       for (int64_t hh = 0; hh < H; ++hh) {
-        std::vector<float> scores(n);
-        const int64_t g = hh / r;
-        ScoreRows(q + hh * d, kd + g * stride, n, d, scale, scores.data());
-        if (window) {
-          const std::vector<int64_t>& kpos = cache->cells().positions(l, static_cast<int>(g));
-          for (int64_t j = 0; j < n; ++j) {
-            if (pos - kpos[j] >= c.sliding_window) scores[j] = -std::numeric_limits<float>::infinity();
-          }
-        }
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < n; ++j) mx = std::max(mx, scores[j]);
-        float den = 0;
-        for (int64_t j = 0; j < n; ++j) {
-          // exp underflows to 0 below -87; skipping libm's slow underflow path there.
-          const float z = scores[j] - mx;
-          den += (scores[j] = z < -87.0f ? 0.0f : std::exp(z));
-        }
-        const float inv_den = 1.0f / den;
-        for (int64_t j = 0; j < n; ++j) scores[j] *= inv_den;
-        WeightedSumRows(scores.data(), vd + g * stride, n, d, attn.data() + hh * d);
+        AttendHead(*cache, l, q + hh * d, hh / r, pos, window, scale, attn.data() + hh * d);
       }
       MatVec(w.wo.data_ptr<float>(), attn.data(), w.bo.defined() ? w.bo.data_ptr<float>() : nullptr, D, H * d,
              o.data());
@@ -392,6 +426,139 @@ struct Transformer::Impl {
     return result;
   }
 };
+
+namespace {
+
+// Row i of a [N, cols] float32 matrix.
+inline float* RowPtr(at::Tensor& m, int64_t i) { return m.data_ptr<float>() + i * m.size(1); }
+
+// y[n, rows] = x[n, cols] W[rows, cols]^T (+ bias) with our own loops: every output is
+// MatVec's Dot(w_r, x_i) + b_r, so each row of a batched step gets exactly the bits the
+// single-row Decode computes; but each weight row is read from memory once for all n
+// inputs (it stays in L1 while the n dot products run), which is the point of batching
+// a memory-bound decode. Rows split over the OpenMP pool in blocks handed out on
+// demand: on a shared machine one of the team's threads is often descheduled, and a
+// static half would hold the whole step until it runs again.
+void MatMulRows(const float* w, const float* x, const float* bias, int64_t n, int64_t rows, int64_t cols, float* y) {
+#pragma omp parallel for schedule(dynamic, 32) if (n * rows * cols >= kMinParallelWork)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* wr = w + r * cols;
+    const float b = bias ? bias[r] : 0.0f;
+    for (int64_t i = 0; i < n; ++i) y[i * rows + r] = Dot(wr, x + i * cols, cols) + b;
+  }
+}
+
+// out [N, rows] = in [N, cols] W[rows, cols]^T (+ bias) for every row of the batch at
+// once: our loops (MatMulRows, OpenMP pool) or one OpenBLAS product (batched pool).
+void BatchedLinear(bool blas, const at::Tensor& in, const at::Tensor& w, const at::Tensor& bias, at::Tensor& out) {
+  if (!blas) {
+    return MatMulRows(w.data_ptr<float>(), in.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr,
+                      in.size(0), w.size(0), w.size(1), out.data_ptr<float>());
+  }
+  if (bias.defined()) {
+    at::addmm_out(out, bias, in, w.t());
+  } else {
+    at::mm_out(out, in, w.t());
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<DecodeResult>> Transformer::Impl::DecodeBatchCpu(absl::Span<const DecodeRow> rows) const {
+  const ModelConfig& c = config;
+  const int64_t N = static_cast<int64_t>(rows.size());
+  const int64_t D = c.hidden_size, H = c.num_heads, G = c.num_kv_heads, d = c.head_dim, r = H / G;
+  const int64_t I = c.intermediate_size, V = c.vocab_size, QKV = (H + 2 * G) * d, half = d / 2;
+  const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor x = at::empty({N, D}, f32), h = at::empty({N, D}, f32), qkv = at::empty({N, QKV}, f32);
+  at::Tensor attn = at::empty({N, H * d}, f32), o = at::empty({N, D}, f32), gu = at::empty({N, 2 * I}, f32);
+  at::Tensor act = at::empty({N, I}, f32), down = at::empty({N, D}, f32);
+  std::vector<int64_t> pos(N);
+  std::vector<float> cos(N * half), sin(N * half);
+  const float* inv = inv_freq.data_ptr<float>();
+  for (int64_t i = 0; i < N; ++i) {
+    const float* e = embed.data_ptr<float>() + rows[i].token * D;
+    std::copy(e, e + D, RowPtr(x, i));
+    pos[i] = rows[i].cache->next_position();
+    for (int64_t j = 0; j < half; ++j) {
+      const float angle = static_cast<float>(pos[i]) * inv[j];  // float32 angle, as DecodeCpu
+      cos[i * half + j] = std::cos(angle);
+      sin[i * half + j] = std::sin(angle);
+    }
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::vector<DecodeResult> results(N);
+  // Products: by default our own loops on the OpenMP pool (MatMulRows), the whole step
+  // in the decode-loop setting, attention parallel over (row, head). Measured on the
+  // 2-core bench machine (docs/BENCHMARKS.md), OpenBLAS's small-row products were no
+  // faster than N single-row decodes up to N ~ 8 with the core OpenBLAS detects here
+  // (Prescott kernels on a CPU with AVX-512), and they sum in another order than
+  // Decode. ECHOKV_DECODE_BATCH_BLAS=1 (read at load) selects the OpenBLAS products in
+  // the batched setting instead, with the per-row loops on this thread (handing the
+  // cores over twice per layer costs more than those loops).
+  const bool blas = decode_batch_blas;
+  if (blas) {
+    pools->ForBatched();
+  } else {
+    pools->ForDecodeLoops();
+  }
+  RecordPools(&PoolTrace::decode_batches, &PoolTrace::decode_batch);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const Layer& w = layers[l];
+    for (int64_t i = 0; i < N; ++i) {
+      RmsNormRow(RowPtr(x, i), w.input_norm.data_ptr<float>(), D, c.rms_norm_eps, RowPtr(h, i));
+    }
+    BatchedLinear(blas, h, w.wqkv, w.bqkv, qkv);
+    const bool window = c.UsesSlidingWindow(l);
+    for (int64_t i = 0; i < N; ++i) {
+      float* q = RowPtr(qkv, i);
+      float* k = q + H * d;
+      float* v = k + G * d;
+      const float* ci = cos.data() + i * half;
+      const float* si = sin.data() + i * half;
+      for (int64_t hh = 0; hh < H; ++hh) RopeRow(q + hh * d, ci, si, d);
+      for (int64_t g = 0; g < G; ++g) RopeRow(k + g * d, ci, si, d);
+      KvCache* cache = rows[i].cache;
+      ECHOKV_RETURN_IF_ERROR(cache->AppendRow(l, k, v, pos[i]));
+      if (rows[i].return_queries) results[i].queries.push_back(at::from_blob(q, {H, d}, at::kFloat).clone());
+    }
+    // Attention per (row, head) after every row's entry is appended; the rows' caches
+    // are distinct, so the pairs are independent.
+    int64_t work = 0;
+    for (int64_t i = 0; i < N; ++i) work += rows[i].cache->size(l) * H * d;
+#pragma omp parallel for schedule(dynamic, 1) if (!blas && work >= kMinParallelWork)
+    for (int64_t p = 0; p < N * H; ++p) {
+      const int64_t i = p / H, hh = p % H;
+      AttendHead(*rows[i].cache, l, RowPtr(qkv, i) + hh * d, hh / r, pos[i], window, scale,
+                 RowPtr(attn, i) + hh * d);
+    }
+    BatchedLinear(blas, attn, w.wo, w.bo, o);
+    x.add_(o);
+    for (int64_t i = 0; i < N; ++i) {
+      RmsNormRow(RowPtr(x, i), w.post_norm.data_ptr<float>(), D, c.rms_norm_eps, RowPtr(h, i));
+    }
+    BatchedLinear(blas, h, w.w_gate_up, at::Tensor(), gu);
+    for (int64_t i = 0; i < N; ++i) {
+      const float* gi = RowPtr(gu, i);
+      float* ai = RowPtr(act, i);
+      for (int64_t j = 0; j < I; ++j) {
+        const float g = gi[j];
+        ai[j] = g / (1.0f + std::exp(-g)) * gi[I + j];
+      }
+    }
+    BatchedLinear(blas, act, w.w_down, at::Tensor(), down);
+    x.add_(down);
+  }
+  for (int64_t i = 0; i < N; ++i) {
+    rows[i].cache->set_next_position(pos[i] + 1);
+    RmsNormRow(RowPtr(x, i), final_norm.data_ptr<float>(), D, c.rms_norm_eps, RowPtr(h, i));
+  }
+  at::Tensor logits = at::empty({N, V}, f32);
+  BatchedLinear(blas, h, lm_head, at::Tensor(), logits);
+  // Each row's logits are a contiguous view of the batch's [N, V] block.
+  for (int64_t i = 0; i < N; ++i) results[i].logits = logits.select(0, i);
+  return results;
+}
 
 at::Tensor ComputeRopeInvFreq(const ModelConfig& config) {
   return ApplyRopeScaling(kernels::RopeInvFreq(config.head_dim, config.rope_theta), config.rope_scaling);
@@ -454,6 +621,8 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
 
   auto impl = std::make_unique<Impl>();
   impl->pools = std::make_unique<ThreadPools>(threads);
+  const char* blas_env = std::getenv("ECHOKV_DECODE_BATCH_BLAS");
+  impl->decode_batch_blas = blas_env != nullptr && std::string(blas_env) == "1";
   impl->pools->ForBatched();
   impl->config = config;
   impl->device_options = device;
@@ -533,6 +702,10 @@ absl::StatusOr<ForwardResult> Transformer::Forward(absl::Span<const int> tokens,
       if (options.cancel != nullptr && options.cancel->load()) return absl::CancelledError("forward cancelled");
       const int64_t m = std::min<int64_t>(options.chunk_size, total - s);
       const bool last_chunk = s + m == total;
+      // Per chunk, not once per call: whatever ran since the last chunk (a decode step
+      // of the engine, say) may have handed the threads to the other pool.
+      impl_->pools->ForBatched();
+      impl_->RecordPools(&PoolTrace::prefill_chunks, &PoolTrace::prefill_chunk);
       std::vector<int64_t> pos(m);
       for (int64_t i = 0; i < m; ++i) pos[i] = start + s + i;
       at::Tensor cos, sin;
@@ -592,6 +765,7 @@ absl::StatusOr<DecodeResult> Transformer::Decode(int token, KvCache* cache, bool
     }
     try {
       impl_->pools->ForDecodeLoops();
+      impl_->RecordPools(&PoolTrace::decodes, &PoolTrace::decode);
       return impl_->DecodeCpu(token, cache, return_queries);
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat("decode failed: ", ErrorText(e)));
@@ -611,6 +785,53 @@ absl::StatusOr<DecodeResult> Transformer::DecodeWithForward(int token, KvCache* 
     for (at::Tensor& q : r.queries) out.queries.push_back(q.select(1, 0));  // [H, d]
   }
   return out;
+}
+
+absl::StatusOr<std::vector<DecodeResult>> Transformer::DecodeBatch(absl::Span<const DecodeRow> rows) const {
+  const ModelConfig& c = impl_->config;
+  bool fast = impl_->CanUseCpuFastPath();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const KvCache* cache = rows[i].cache;
+    if (cache == nullptr) return absl::InvalidArgumentError(absl::StrCat("rows[", i, "].cache must not be null"));
+    if (cache->num_layers() != c.num_layers || cache->num_kv_heads() != c.num_kv_heads ||
+        cache->head_dim() != c.head_dim) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rows[", i, "].cache shape does not match the model (use Transformer::NewCache)"));
+    }
+    if (rows[i].token < 0 || rows[i].token >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("rows[", i, "].token id ", rows[i].token,
+                                                     " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      // Two rows appending to one cache would each attend without the other's entry.
+      if (rows[j].cache == cache) {
+        return absl::InvalidArgumentError(absl::StrCat("rows[", j, "] and rows[", i, "] share one cache"));
+      }
+    }
+    fast = fast && cache->options().dtype() == at::kFloat && cache->options().device().is_cpu();
+  }
+  std::vector<DecodeResult> out;
+  if (rows.empty()) return out;
+  if (rows.size() == 1 || !fast) {
+    // The single-stream fast path unchanged; other devices/dtypes row by row.
+    for (const DecodeRow& row : rows) {
+      ECHOKV_ASSIGN_OR_RETURN(DecodeResult r, Decode(row.token, row.cache, row.return_queries));
+      out.push_back(std::move(r));
+    }
+    return out;
+  }
+  try {
+    return impl_->DecodeBatchCpu(rows);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("batched decode failed: ", ErrorText(e)));
+  }
+}
+
+PoolTrace Transformer::pool_trace() const {
+  std::lock_guard<std::mutex> lock(impl_->trace_mu);
+  PoolTrace t = impl_->trace;
+  t.threads = impl_->pools->threads();
+  return t;
 }
 
 }  // namespace echokv::model

@@ -64,6 +64,31 @@ struct DecodeResult {
   std::vector<at::Tensor> queries;           // per layer [H, d] float32 post-RoPE (if asked)
 };
 
+// One row of a batched decode step: `token` at cache->next_position().
+struct DecodeRow {
+  int token = 0;
+  KvCache* cache = nullptr;     // gets the token's keys/values appended; one row per cache
+  bool return_queries = false;  // fill DecodeResult::queries (lookahead rows need them)
+};
+
+// The thread counts the compute libraries reported while a model call ran: what the
+// pool-mode regression test checks (a decode between two prefill chunks must not leave
+// the next chunk's products on one OpenBLAS thread).
+struct PoolUse {
+  int openmp = 0;    // at::get_num_threads()
+  int openblas = 0;  // openblas_get_num_threads(); 0 when the BLAS is not OpenBLAS
+  bool operator==(const PoolUse& o) const { return openmp == o.openmp && openblas == o.openblas; }
+};
+struct PoolTrace {
+  int64_t prefill_chunks = 0;   // Forward chunks run so far
+  PoolUse prefill_chunk;        // seen by the last chunk's products
+  int64_t decodes = 0;          // single-row CPU decode steps (our own loops)
+  PoolUse decode;               // seen by the last one's loops
+  int64_t decode_batches = 0;   // DecodeBatch calls with more than one row on the CPU path
+  PoolUse decode_batch;         // seen by the last one's batched products
+  int threads = 0;              // the threads the model was built with
+};
+
 // Applies `scaling` to RoPE inverse frequencies `inv_freq` ([d/2] float32 CPU) in
 // float32 tensor arithmetic written line for line as transformers writes it, so the
 // float32 roundings are PyTorch's (only exactly rounded elementwise ops: the result
@@ -114,6 +139,18 @@ class Transformer {
   // The same step through the batched (device-generic) Forward path; Decode uses
   // this off CPU float32. Public so tests can compare the two paths.
   absl::StatusOr<DecodeResult> DecodeWithForward(int token, KvCache* cache, bool return_queries = false) const;
+
+  // One decode step for every row (result i belongs to row i), each row at its own
+  // cache's next position. On CPU float32 the dense work (norms, QKV, output
+  // projection, MLP, LM head) runs as one matrix product over all rows, so the weights
+  // are read once per step instead of once per row; attention runs per row over that
+  // row's own (possibly ragged, per-group) entries. One row is Decode itself (the
+  // single-stream fast path); other devices and dtypes run the rows one by one. Any bad
+  // row fails the whole call before a cache is touched.
+  absl::StatusOr<std::vector<DecodeResult>> DecodeBatch(absl::Span<const DecodeRow> rows) const;
+
+  // Which thread counts the last prefill chunk, decode and batched decode ran with.
+  PoolTrace pool_trace() const;
 
  private:
   struct Impl;

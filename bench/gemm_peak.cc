@@ -1,0 +1,66 @@
+// The machine's float32 matrix-product peak through the same LibTorch + OpenBLAS the
+// model uses, in the batched-product pool setting (OpenMP 1, OpenBLAS N threads): the
+// yardstick the server benchmark's aggregate decode FLOP/s is reported against
+// (docs/BENCHMARKS.md, issue 14). Prints GFLOP/s of a large square product and of the
+// 16- and 64-row products a batched decode step of the 40M model runs.
+//
+//   echokv-bench-gemm --threads 2 --seconds 2
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace {
+
+// GFLOP/s of out [m, n] = a [m, k] b[n, k]^T (the layout of a linear layer), repeated for
+// at least `seconds` after one warm-up product; the best of three such runs.
+double Measure(int64_t m, int64_t n, int64_t k, double seconds) {
+  at::Tensor a = at::randn({m, k}), b = at::randn({n, k}), out = at::empty({m, n});
+  at::mm_out(out, a, b.t());
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    int64_t iters = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    double elapsed = 0;
+    while (elapsed < seconds / 3) {
+      at::mm_out(out, a, b.t());
+      ++iters;
+      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    best = std::max(best, 2.0 * m * n * k * iters / elapsed / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2;
+  double seconds = 2.0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--threads") == 0) threads = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--seconds") == 0) seconds = std::atof(argv[i + 1]);
+  }
+  at::set_num_threads(1);
+  using SetFn = void (*)(int);
+  auto set_blas = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (set_blas != nullptr) set_blas(threads);
+  // OpenBLAS picks its kernels by CPU detection; on a virtual CPU with a generic name it
+  // may pick an older core than the CPU's flags allow (OPENBLAS_CORETYPE overrides it).
+  using NameFn = char* (*)();
+  auto corename = reinterpret_cast<NameFn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  std::printf("float32 GEMM, OpenMP 1, %s %d threads, core %s, OPENBLAS_CORETYPE=%s\n",
+              set_blas != nullptr ? "OpenBLAS" : "BLAS (not OpenBLAS)", threads,
+              corename != nullptr ? corename() : "?",
+              std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "(unset)");
+  std::printf("2048x2048x2048: %.1f GFLOP/s (peak)\n", Measure(2048, 2048, 2048, seconds));
+  for (int64_t rows : {1, 16, 64}) {
+    std::printf("%3lld x 512 x 1376 (one MLP up-projection of the 40M model, %lld rows): %.1f GFLOP/s\n",
+                static_cast<long long>(rows), static_cast<long long>(rows), Measure(rows, 1376, 512, seconds / 2));
+  }
+  return 0;
+}
