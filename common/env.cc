@@ -96,6 +96,16 @@ ThreadChoice ChooseThreadCount(const std::string& cgroup_root) {
   return choice;
 }
 
+ThreadChoice CapForModelSize(ThreadChoice choice, int64_t parameters) {
+  if (choice.threads <= 1 || parameters >= kSmallModelParameters || choice.reason.rfind("ECHOKV_THREADS=", 0) == 0) {
+    return choice;
+  }
+  std::ostringstream why;
+  why << choice.reason << "; 1 thread for a small model (" << parameters << " parameters < " << kSmallModelParameters
+      << ")";
+  return {1, why.str()};
+}
+
 int DefaultThreadCount() { return ChooseThreadCount().threads; }
 
 }  // namespace echokv

@@ -5,6 +5,7 @@
 #ifndef ECHOKV_COMMON_ENV_H_
 #define ECHOKV_COMMON_ENV_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -25,6 +26,16 @@ struct ThreadChoice {
 // at least 1. A pod limited to 2 CPUs on a 64-core node gets 2 threads, not 64
 // threads that the quota throttles. `cgroup_root` is for tests.
 ThreadChoice ChooseThreadCount(const std::string& cgroup_root = "/sys/fs/cgroup");
+
+// Models below this many parameters decode on one thread by default: a token costs a
+// few hundred microseconds, and the ~26 OpenMP fork/joins per token cost more than a
+// second core saves (stories260K, 0.26 M parameters: 5700 tok/s on 1 thread vs 850 on 2
+// on a loaded 2-core machine, docs/BENCHMARKS.md); the 40M model still gains from 2.
+inline constexpr int64_t kSmallModelParameters = 4'000'000;
+
+// `choice` capped to 1 thread for a model of `parameters` < kSmallModelParameters,
+// unless the count was asked for ($ECHOKV_THREADS); the reason says so.
+ThreadChoice CapForModelSize(ThreadChoice choice, int64_t parameters);
 
 // ChooseThreadCount().threads (Debian's LibTorch defaults to 1 thread otherwise).
 int DefaultThreadCount();

@@ -615,7 +615,13 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
   ECHOKV_RETURN_IF_ERROR(device.Validate());
   ECHOKV_RETURN_IF_ERROR(ValidateCheckpoint(checkpoint, config));
   ECHOKV_ASSIGN_OR_RETURN(at::ScalarType dtype, ParseDType(device.dtype));
-  const ThreadChoice chosen = ChooseThreadCount();
+  // Parameters (embedding, attention, MLP, LM head) for the small-model thread default.
+  const int64_t D = config.hidden_size, Hd = int64_t{config.num_heads} * config.head_dim,
+                Gd = int64_t{config.num_kv_heads} * config.head_dim;
+  const int64_t parameters =
+      int64_t{config.vocab_size} * D * (config.tie_word_embeddings ? 1 : 2) +
+      int64_t{config.num_layers} * (D * Hd + 2 * D * Gd + Hd * D + 3 * D * int64_t{config.intermediate_size});
+  const ThreadChoice chosen = CapForModelSize(ChooseThreadCount(), parameters);
   const int threads = device.num_threads > 0 ? device.num_threads : chosen.threads;
   const std::string threads_why = device.num_threads > 0 ? std::string("--threads") : chosen.reason;
 

@@ -78,5 +78,16 @@ TEST_F(ThreadCountTest, EnvironmentWinsAndBadValuesAreIgnored) {
   EXPECT_EQ(ChooseThreadCount(root_).threads, 1);
 }
 
+TEST_F(ThreadCountTest, SmallModelsDecodeOnOneThreadUnlessAsked) {
+  const ThreadChoice four{4, "4 CPUs in the affinity mask"};
+  const ThreadChoice small = CapForModelSize(four, 260'000);
+  EXPECT_EQ(small.threads, 1);
+  EXPECT_NE(small.reason.find("small model (260000 parameters"), std::string::npos) << small.reason;
+  EXPECT_EQ(CapForModelSize(four, kSmallModelParameters - 1).threads, 1);
+  EXPECT_EQ(CapForModelSize(four, kSmallModelParameters).threads, 4);  // 40M-class models keep them
+  EXPECT_EQ(CapForModelSize(four, 40'000'000).threads, 4);
+  EXPECT_EQ(CapForModelSize({3, "ECHOKV_THREADS=3"}, 260'000).threads, 3);  // asked for
+}
+
 }  // namespace
 }  // namespace echokv
