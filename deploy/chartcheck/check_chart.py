@@ -48,9 +48,12 @@ INT_FLAGS = {
     "default_lookahead", "default_workspace", "default_window", "max_context_tokens",
     "max_new_tokens", "max_sessions", "max_kv_bytes", "max_cold_bytes",
     "max_concurrent_streams", "max_request_bytes", "max_streams_per_connection",
+    "metrics_threads", "http_threads", "http_send_buffer_bytes", "http_max_body_bytes",
+    "max_step_tokens",
 }
 DURATION_FLAGS = {"session_ttl", "max_session_ttl", "shutdown_grace", "tls_refresh_interval",
-                  "max_connection_idle", "max_connection_age", "max_connection_age_grace"}
+                  "max_connection_idle", "max_connection_age", "max_connection_age_grace",
+                  "http_read_timeout", "http_write_timeout", "http_keep_alive_timeout", "stuck_after"}
 ENUM_FLAGS = {
     "device": r"cpu|cuda(:[0-9]+)?",
     "dtype": r"float32|bfloat16|float16",
@@ -61,9 +64,21 @@ ENUM_FLAGS = {
     "reflection": r"true|false",
 }
 PATH_FLAGS = {"model", "state_dir", "auth_tokens_file", "tls_cert", "tls_key", "tls_client_ca",
-              "flagfile", "port_file"}
-STRING_FLAGS = {"host", "metrics_host", "replica_id"}
+              "flagfile", "port_file", "chat_template"}
+STRING_FLAGS = {"host", "metrics_host", "replica_id", "http_host", "served_model_name"}
 KNOWN_FLAGS = INT_FLAGS | DURATION_FLAGS | set(ENUM_FLAGS) | PATH_FLAGS | STRING_FLAGS
+# absl's own flags, accepted by every binary.
+ABSL_FLAGS = {"flagfile"}
+SERVER_MAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "server", "main.cc")
+
+
+def server_flag_drift():
+    """The flag names this check knows vs those server/main.cc defines: (missing, extra).
+    A flag the server gained must be classified here, one it lost must go."""
+    with open(SERVER_MAIN) as f:
+        defined = set(re.findall(r"ABSL_FLAG\(\s*[\w:<>]+\s*,\s*([a-z0-9_]+)\s*,", f.read()))
+    known = KNOWN_FLAGS - ABSL_FLAGS
+    return sorted(defined - known), sorted(known - defined)
 
 
 def as_int(v, default=0):
@@ -546,6 +561,11 @@ def run_case(renderer, chart, values, headers, label, expect_probe=None):
 
 
 def cmd_cases(args):
+    missing, extra = server_flag_drift()
+    if missing or extra:
+        print("FAIL: the chart check's flag list differs from server/main.cc: unclassified "
+              f"{missing}, gone {extra}")
+        return 1
     tmp = tempfile.mkdtemp()
     try:
         cases = [("defaults (Kubernetes 1.29)", [], {"kube-version": "1.29.0", "api-versions": [],
