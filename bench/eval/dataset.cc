@@ -1,5 +1,6 @@
 #include "bench/eval/dataset.h"
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -136,6 +137,28 @@ absl::StatusOr<EvalCase> ParseCase(absl::string_view line_text, int line,
       c.evidence_spans.emplace_back(a, b);
     }
   }
+
+  auto turns = j.find("turns");
+  if (turns != j.end()) {
+    if (!turns->is_array() || turns->empty()) {
+      return LineError(line, "turns", "must be a non-empty array of token counts");
+    }
+    int64_t sum = 0;
+    for (size_t i = 0; i < turns->size(); ++i) {
+      const Json& t = (*turns)[i];
+      if (!t.is_number_integer() || t.get<int64_t>() < 1) {
+        return LineError(line, "turns", absl::StrCat("element ", i, " is not a positive integer"));
+      }
+      sum += t.get<int64_t>();
+      if (sum > static_cast<int64_t>(c.prompt_ids.size())) break;
+      c.turns.push_back(static_cast<int>(t.get<int64_t>()));
+    }
+    if (sum != static_cast<int64_t>(c.prompt_ids.size())) {
+      return LineError(line, "turns",
+                       absl::StrCat("the token counts must add up to the prompt's ", c.prompt_ids.size(),
+                                    " tokens (they add up to ", sum, sum > static_cast<int64_t>(c.prompt_ids.size()) ? " or more" : "", ")"));
+    }
+  }
   return c;
 }
 
@@ -185,8 +208,38 @@ std::string CaseToJsonLine(const EvalCase& c,
     for (const auto& s : c.evidence_spans) spans.push_back({s.first, s.second});
     j["evidence_spans"] = spans;
   }
+  if (!c.turns.empty()) j["turns"] = c.turns;
   for (const auto& [k, v] : extra) j[k] = v;
   return j.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+absl::StatusOr<std::vector<int>> SplitTurns(const EvalCase& c, int k, std::optional<int> question_tokens) {
+  if (!c.turns.empty()) return c.turns;
+  const int64_t L = static_cast<int64_t>(c.prompt_ids.size());
+  if (k < 1) return absl::InvalidArgumentError(absl::StrCat("turns: ", k, " must be >= 1"));
+  if (k == 1) return std::vector<int>{static_cast<int>(L)};
+  int64_t q = 8;
+  if (question_tokens.has_value()) {
+    q = *question_tokens;
+    if (q < 1) return absl::InvalidArgumentError(absl::StrCat("question_tokens: ", q, " must be >= 1"));
+  } else if (!c.evidence_spans.empty()) {
+    int64_t last_end = 0;
+    for (const auto& s : c.evidence_spans) last_end = std::max(last_end, s.second);
+    if (last_end < L) q = L - last_end;
+  }
+  const int64_t history = L - q;
+  if (history < k - 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "case ", c.id, " (line ", c.line, "): prompt_ids holds ", L, " tokens; with a question turn of ", q,
+        " tokens the ", history, " tokens before it cannot make ", k - 1, " non-empty turns (turns = ", k, ")"));
+  }
+  std::vector<int> sizes;
+  const int64_t parts = k - 1;
+  for (int64_t i = 0; i < parts; ++i) {
+    sizes.push_back(static_cast<int>(history / parts + (i < history % parts ? 1 : 0)));
+  }
+  sizes.push_back(static_cast<int>(q));
+  return sizes;
 }
 
 }  // namespace echokv::eval

@@ -2,7 +2,12 @@
 //   {"id": "...", "prompt": "..." | "prompt_ids": [...],
 //    "answer": "..." | "answer_ids": [...]            (optional),
 //    "evidence_spans": [[start, end], ...]            (optional, token spans of the
-//                                                     prompt ids, end exclusive)}
+//                                                     prompt ids, end exclusive),
+//    "turns": [n_1, ..., n_K]                         (optional, the agent flow of
+//                                                     `echokv-eval --turns`: the prompt
+//                                                     ids fed as K turns of n_i tokens,
+//                                                     the last one the question; each
+//                                                     n_i >= 1, sum = |prompt ids|)}
 // Other keys are ignored (e.g. a human-readable "text"). Blank lines are skipped. Every
 // error names the line number and the field.
 //
@@ -13,6 +18,7 @@
 #define ECHOKV_BENCH_EVAL_DATASET_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +35,8 @@ struct EvalCase {
   std::vector<int> answer_ids;   // empty = no task answer
   // Half-open token spans [start, end) of prompt_ids; 0 <= start < end <= |prompt_ids|.
   std::vector<std::pair<int64_t, int64_t>> evidence_spans;
+  // Token counts of the case's own turns (empty = split by SplitTurns); sum = |prompt_ids|.
+  std::vector<int> turns;
   int line = 0;                  // 1-based line of the file it came from
 };
 
@@ -50,10 +58,21 @@ absl::StatusOr<std::vector<EvalCase>> ReadDataset(const std::string& path,
                                                   const model::Tokenizer* tokenizer,
                                                   int vocab_size);
 
-// One JSON line (no newline) for `c`: "id", "prompt_ids", optional "answer_ids" and
-// "evidence_spans", plus any extra string fields given (e.g. {"text", ...}).
+// One JSON line (no newline) for `c`: "id", "prompt_ids", optional "answer_ids",
+// "evidence_spans" and "turns", plus any extra string fields given (e.g. {"text", ...}).
 std::string CaseToJsonLine(const EvalCase& c,
                            const std::vector<std::pair<std::string, std::string>>& extra = {});
+
+// The agent flow's turns of a case (token counts, in order; the last is the question):
+//  - the case's own `turns` when it lists them (`k` is then ignored);
+//  - k = 1: the whole prompt as one turn (the one-shot compression, exactly);
+//  - otherwise the last q prompt tokens are the final (question) turn and the L - q
+//    before them are split into k - 1 parts whose sizes differ by at most one, the
+//    larger ones first. q = `question_tokens` when given, else the tokens after the last
+//    evidence span when the case has spans and any follow them, else 8.
+// InvalidArgument naming the case when k < 1, q < 1, or L - q < k - 1 (a turn would be
+// empty).
+absl::StatusOr<std::vector<int>> SplitTurns(const EvalCase& c, int k, std::optional<int> question_tokens);
 
 }  // namespace echokv::eval
 

@@ -9,6 +9,11 @@
 //   echokv-eval --model /work/shared/models/stories260K --data bench/data/stories_eval.jsonl
 //       --policies echokv,laq,snapkv,pyramidkv,h2o,streamingllm,full --budgets 32,64,128
 //       --steps 32 --lookahead 8 --workspace 128 --out /tmp/eval
+//
+// The agent flow: --turns K feeds each case as K turns (the last one the question; see
+// SplitTurns in bench/eval/dataset.h) through the server's turn jobs, once per memory
+// mode of --memory, and reports the same metrics with rows "POLICY/MODE";
+// --memory oneshot,tiered,evict adds the one-shot rows (and Table 1) to the same run.
 #include <unistd.h>
 
 #include <chrono>
@@ -37,6 +42,7 @@
 #include "compression/config.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
+#include "server/session_store.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (required)");
 ABSL_FLAG(std::string, data, "", "JSONL case file (required)");
@@ -50,6 +56,14 @@ ABSL_FLAG(int, laq_workspace, 0, "LAQ workspace B1 (0 = its default, the budget)
 ABSL_FLAG(int, stage2_window, 0, "echokv stage-2 window w");
 ABSL_FLAG(int, oracle_steps, 8, "true decode steps K whose top-B union oracle_overlap uses");
 ABSL_FLAG(bool, table1, true, "compute the Table 1 (frozen vs refreshed) overlaps");
+ABSL_FLAG(int, turns, 0,
+          "agent flow: feed each case as K turns (the last = the question part) through the server's turn "
+          "jobs; 0 = the one-shot compression only");
+ABSL_FLAG(std::string, memory, "tiered,evict",
+          "with --turns: memory modes, comma-separated (tiered, evict; oneshot adds the one-shot rows)");
+ABSL_FLAG(int, question_tokens, 0,
+          "with --turns: tokens of the final (question) turn (0 = after the last evidence span, else 8)");
+ABSL_FLAG(int, prefill_chunk, 256, "with --turns: tokens per prefill call of a turn (the server's default)");
 ABSL_FLAG(int, limit, 0, "evaluate only the first N cases (0 = all)");
 ABSL_FLAG(int, threads, 0, "LibTorch threads (0 = $ECHOKV_THREADS or all cores)");
 ABSL_FLAG(int, resamples, 2000, "bootstrap resamples for the 95% intervals");
@@ -117,6 +131,23 @@ int main(int argc, char** argv) {
   opt.stage2_window = absl::GetFlag(FLAGS_stage2_window);
   opt.oracle_steps = absl::GetFlag(FLAGS_oracle_steps);
   opt.table1 = absl::GetFlag(FLAGS_table1);
+  opt.turns = absl::GetFlag(FLAGS_turns);
+  if (opt.turns > 0) {
+    opt.memory_modes.clear();
+    opt.one_shot = false;
+    for (absl::string_view m : absl::StrSplit(absl::GetFlag(FLAGS_memory), ',', absl::SkipEmpty())) {
+      if (m == "oneshot") {
+        opt.one_shot = true;
+        continue;
+      }
+      auto mode = echokv::server::ParseMemoryMode(m);
+      if (!mode.ok()) return Fail(absl::StrCat("--memory: \"", m, "\" is not tiered, evict or oneshot"));
+      opt.memory_modes.push_back(*mode);
+    }
+    if (opt.memory_modes.empty()) return Fail("--memory: give tiered and/or evict with --turns");
+  }
+  if (absl::GetFlag(FLAGS_question_tokens) != 0) opt.question_tokens = absl::GetFlag(FLAGS_question_tokens);
+  opt.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   if (absl::Status s = opt.Validate(); !s.ok()) return Fail(s.ToString());
 
   echokv::model::DeviceOptions dev;
@@ -185,7 +216,14 @@ int main(int argc, char** argv) {
                                      (*model)->config().max_position_embeddings, " positions)"),
       "\n- steps ", opt.steps, ", lookahead T ", opt.lookahead, ", echokv workspace B1 ",
       opt.ConfigFor(echokv::compression::PolicyKind::kEchoKv, opt.budgets.front()).EffectiveWorkspace(),
-      ", oracle steps K ", opt.oracle_steps, "\n- evaluation time ", absl::StrFormat("%.1f", seconds),
+      ", oracle steps K ", opt.oracle_steps,
+      opt.turns > 0 ? absl::StrCat("\n- agent flow: ", opt.turns, " turns per case (the last one the question, ",
+                                   opt.question_tokens.has_value() ? absl::StrCat(*opt.question_tokens, " tokens")
+                                                                   : std::string("after the last evidence span, else 8 tokens"),
+                                   "), prefill chunk ", opt.prefill_chunk, ", rows POLICY/MODE; one-shot rows ",
+                                   opt.one_shot ? "included" : "not run")
+                    : std::string(),
+      "\n- evaluation time ", absl::StrFormat("%.1f", seconds),
       " s, ", date, "\n");
   if (!WriteFile(out_dir / "results.csv", echokv::eval::ResultsCsv(rows)) ||
       !WriteFile(out_dir / "summary.md", echokv::eval::SummaryMarkdown(cells, opt, header))) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <map>
 #include <set>
 #include <utility>
@@ -19,6 +20,8 @@
 #include "kernels/rope.h"
 #include "kernels/score.h"
 #include "model/sampler.h"
+#include "server/session_data.h"
+#include "server/turn_job.h"
 
 namespace echokv::eval {
 namespace {
@@ -97,7 +100,7 @@ int64_t PositionsNeededImpl(const EvalOptions& opt, const EvalCase& c) {
 
 absl::Status CheckFitsImpl(const model::ModelConfig& cfg, const EvalOptions& opt, const EvalCase& c) {
   const int64_t max_pos = cfg.max_position_embeddings;
-  if (max_pos <= 0) return absl::OkStatus();
+  if (max_pos <= 0) return opt.turns > 0 ? SplitTurns(c, opt.turns, opt.question_tokens).status() : absl::OkStatus();
   const int64_t L = static_cast<int64_t>(c.prompt_ids.size());
   const int64_t steps = opt.DecodeSteps();
   if (L + steps > max_pos) {
@@ -113,7 +116,116 @@ absl::Status CheckFitsImpl(const model::ModelConfig& cfg, const EvalOptions& opt
         " tokens, the last one never fed back) needs ", L + answer - 1,
         " positions, which exceeds the model's max_position_embeddings (", max_pos, ")"));
   }
+  if (opt.turns > 0) ECHOKV_RETURN_IF_ERROR(SplitTurns(c, opt.turns, opt.question_tokens).status());
   return absl::OkStatus();
+}
+
+using Emit = std::function<void(const std::string&, int, const std::string&, double)>;
+
+// What every measurement compares against: the one-shot prefill of the whole prompt and
+// the full cache's greedy continuation.
+struct Reference {
+  model::KvCache context;                     // the full cache of the prompt
+  model::ForwardResult pre;                   // its prefill (all queries, anchors)
+  std::vector<int> x;                         // x_0 ... x_S of the full cache
+  std::vector<std::vector<float>> full_logits;  // step s's logits (index s-1)
+  std::map<int, IndexSets> oracle_union;      // budget -> ∪_k I*_k
+};
+
+// Every metric of one compact cache. kept: per layer and group, sorted positions;
+// first_token: the policy's own first generated token (x_0 for one-shot compression,
+// which shares the uncompressed prefill).
+absl::Status Measure(const model::Transformer& m, const EvalOptions& opt, const EvalCase& c, const Reference& ref,
+                     const std::string& name, int b, model::KvCache compact, const IndexSets& kept, int first_token,
+                     const Emit& emit) {
+  const std::vector<int>& x = ref.x;
+  // Task exact match: free-running greedy output of |answer| tokens.
+  if (!c.answer_ids.empty()) {
+    model::KvCache gen = compact.Clone();
+    std::vector<int> out = {first_token};
+    while (out.size() < c.answer_ids.size()) {
+      ECHOKV_ASSIGN_OR_RETURN(model::DecodeResult r, m.Decode(out.back(), &gen));
+      out.push_back(Greedy(r.logits));
+    }
+    emit(name, b, kMetricExactMatch, ExactMatch(out, c.answer_ids) ? 1.0 : 0.0);
+  }
+
+  // Teacher-forced steps on the full cache's continuation.
+  double kl_sum = 0, top1_sum = 0;
+  bool matching = first_token == x[0];
+  int match = matching ? 1 : 0;  // x'_0 vs x_0: equal for one-shot (the uncompressed prefill)
+  for (int s = 1; s <= opt.steps; ++s) {
+    ECHOKV_ASSIGN_OR_RETURN(model::DecodeResult r, m.Decode(x[s - 1], &compact));
+    const std::vector<float> lp = ToVector(r.logits);
+    ECHOKV_ASSIGN_OR_RETURN(double kl, KlFromLogits(ref.full_logits[s - 1], lp));
+    kl_sum += kl;
+    const bool agree = model::Argmax(lp) == x[s];
+    top1_sum += agree ? 1 : 0;
+    // While every earlier token agreed, the teacher-forced step is the free-running
+    // step, so the first disagreement ends the greedy match.
+    if (s < opt.steps && matching) {
+      if (agree) {
+        ++match;
+      } else {
+        matching = false;
+      }
+    }
+  }
+  emit(name, b, kMetricKl, kl_sum / opt.steps);
+  emit(name, b, kMetricTop1, top1_sum / opt.steps);
+  emit(name, b, kMetricMatchLength, match);
+
+  if (!c.evidence_spans.empty()) {
+    ECHOKV_ASSIGN_OR_RETURN(double ret, EvidenceRetention(kept, c.evidence_spans));
+    emit(name, b, kMetricEvidence, ret);
+  }
+  emit(name, b, kMetricOracleOverlap, MeanOverlap(kept, ref.oracle_union.at(b)));
+  return absl::OkStatus();
+}
+
+// Feeds `tokens` as turns of `sizes` tokens through server::TurnJob (kCreate, then
+// kAppend) the way the engine steps a job, and returns the session after the last one.
+absl::StatusOr<std::shared_ptr<server::SessionData>> RunTurns(const model::Transformer& m,
+                                                              const compression::CompressionConfig& config,
+                                                              server::MemoryMode mode, const std::vector<int>& tokens,
+                                                              const std::vector<int>& sizes, int prefill_chunk) {
+  std::shared_ptr<server::SessionData> session;
+  size_t offset = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    server::TurnSpec spec;
+    spec.kind = i == 0 ? server::TurnKind::kCreate : server::TurnKind::kAppend;
+    spec.tokens.assign(tokens.begin() + offset, tokens.begin() + offset + sizes[i]);
+    offset += sizes[i];
+    spec.config = config;
+    spec.memory = mode;
+    spec.base = session;
+    spec.prefill_chunk = prefill_chunk;
+    ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<server::TurnJob> job, server::TurnJob::Start(&m, std::move(spec)));
+    while (!job->done()) {
+      switch (job->next()) {
+        case server::JobView::Next::kPrefill:
+          ECHOKV_RETURN_IF_ERROR(job->Prefill(job->prefill_remaining()));
+          break;
+        case server::JobView::Next::kDecode: {
+          const auto req = job->pending_decode();
+          ECHOKV_ASSIGN_OR_RETURN(model::DecodeResult r, m.Decode(req->token, req->view, /*return_queries=*/true));
+          compression::LookaheadDecoder::Step step;
+          step.logits = r.logits;
+          step.queries = r.queries;
+          ECHOKV_RETURN_IF_ERROR(job->SupplyDecode(std::move(step)));
+          break;
+        }
+        case server::JobView::Next::kPhase:
+          ECHOKV_RETURN_IF_ERROR(job->RunPhase());
+          break;
+        case server::JobView::Next::kWaiting:
+          return absl::InternalError("a turn job that is not done waits");
+      }
+    }
+    session = job->TakeSessionData();
+    job->Committed();
+  }
+  return session;
 }
 
 absl::StatusOr<std::vector<MetricRow>> EvaluateImpl(const model::Transformer& m, const EvalOptions& opt,
@@ -128,39 +240,42 @@ absl::StatusOr<std::vector<MetricRow>> EvaluateImpl(const model::Transformer& m,
     }
   }
   std::vector<MetricRow> rows;
-  auto emit = [&](const std::string& policy, int budget, const std::string& metric, double v) {
+  const Emit emit = [&](const std::string& policy, int budget, const std::string& metric, double v) {
     rows.push_back(MetricRow{c.id, policy, budget, metric, v});
   };
 
   // One prefill that carries what every policy needs (anchor queries for echokv, all
   // context queries for h2o; the others take the last N of them).
-  model::KvCache context = m.NewCache();
+  Reference ref;
+  ref.context = m.NewCache();
+  model::KvCache& context = ref.context;
   model::ForwardOptions fo;
   fo.return_anchor_queries = true;
   fo.keep_last_queries = -1;
-  ECHOKV_ASSIGN_OR_RETURN(model::ForwardResult pre, m.Forward(c.prompt_ids, &context, fo));
+  ECHOKV_ASSIGN_OR_RETURN(ref.pre, m.Forward(c.prompt_ids, &context, fo));
+  const model::ForwardResult& pre = ref.pre;
 
   // Reference: greedy decode on the full cache. x[0] from the prefill; step s decodes
   // x[s-1] at position L+s-1 and yields logits full_logits[s-1] and queries q*_s.
   const int n_ref = opt.DecodeSteps();
-  std::vector<int> x = {Greedy(pre.logits)};
-  std::vector<std::vector<float>> full_logits;
+  std::vector<int>& x = ref.x;
+  x = {Greedy(pre.logits)};
   QueryTrace qstar;
   {
-    model::KvCache ref = context.Clone();
+    model::KvCache full = context.Clone();
     for (int s = 1; s <= n_ref; ++s) {
-      ECHOKV_ASSIGN_OR_RETURN(model::DecodeResult r, m.Decode(x.back(), &ref, true));
-      full_logits.push_back(ToVector(r.logits));
+      ECHOKV_ASSIGN_OR_RETURN(model::DecodeResult r, m.Decode(x.back(), &full, true));
+      ref.full_logits.push_back(ToVector(r.logits));
       qstar.push_back(r.queries);
-      x.push_back(model::Argmax(full_logits.back()));
+      x.push_back(model::Argmax(ref.full_logits.back()));
     }
   }
-  const int K = std::max(opt.oracle_steps, opt.table1 ? opt.lookahead : 0);
+  const bool table1 = opt.table1 && opt.one_shot;
+  const int K = std::max(opt.oracle_steps, table1 ? opt.lookahead : 0);
   QueryTrace qstar_k(qstar.begin(), qstar.begin() + K);
 
   // Oracle sets per budget: I*_k and the union over k = 1..oracle_steps.
   std::map<int, std::vector<IndexSets>> oracle;  // budget -> per step
-  std::map<int, IndexSets> oracle_union;
   for (int b : opt.budgets) {
     oracle[b] = StepTopK(context, qstar_k, b);
     IndexSets u(context.num_layers(), std::vector<std::vector<int64_t>>(context.num_kv_heads()));
@@ -174,11 +289,11 @@ absl::StatusOr<std::vector<MetricRow>> EvaluateImpl(const model::Transformer& m,
         }
       }
     }
-    oracle_union[b] = std::move(u);
+    ref.oracle_union[b] = std::move(u);
   }
 
   // Table 1, one lookahead per distinct B1 (W1 does not depend on B).
-  if (opt.table1) {
+  if (table1) {
     std::map<int64_t, Table1Trace> traces;
     for (int b : opt.budgets) {
       const int64_t b1 = opt.ConfigFor(PolicyKind::kEchoKv, b).EffectiveWorkspace();
@@ -201,70 +316,64 @@ absl::StatusOr<std::vector<MetricRow>> EvaluateImpl(const model::Transformer& m,
     }
   }
 
-  // Every (policy, budget).
-  compression::CompressionInput in;
-  in.context = &context;
-  in.anchor_queries = pre.anchor_queries;
-  in.last_queries = pre.queries;
-  in.last_query_positions = pre.query_positions;
-  in.last_logits = pre.logits;
-  in.rope_inv_freq = m.RopeInvFreq();
-  for (PolicyKind policy : opt.policies) {
-    const std::string name(compression::PolicyName(policy));
-    for (int b : opt.budgets) {
-      compression::TransformerDecoder decoder(&m);
-      in.decoder = &decoder;
-      auto result = compression::Compress(opt.ConfigFor(policy, b), in);
-      if (!result.ok()) {
-        return absl::Status(result.status().code(), absl::StrCat("case ", c.id, ", ", name, " B=", b, ": ",
-                                                                 result.status().message()));
-      }
-      ECHOKV_ASSIGN_OR_RETURN(model::KvCache compact, model::KvCache::Gather(context, result->indices));
-      IndexSets kept;
-      for (const at::Tensor& idx : result->indices) kept.push_back(Rows(idx));
-      // Kept entries are context entry indices; for a fresh context those are positions.
-
-      // Task exact match: free-running greedy output of |answer| tokens.
-      if (!c.answer_ids.empty()) {
-        model::KvCache gen = compact.Clone();
-        std::vector<int> out = {x[0]};
-        while (out.size() < c.answer_ids.size()) {
-          ECHOKV_ASSIGN_OR_RETURN(model::DecodeResult r, m.Decode(out.back(), &gen));
-          out.push_back(Greedy(r.logits));
+  // Every (policy, budget), one-shot.
+  if (opt.one_shot) {
+    compression::CompressionInput in;
+    in.context = &context;
+    in.anchor_queries = pre.anchor_queries;
+    in.last_queries = pre.queries;
+    in.last_query_positions = pre.query_positions;
+    in.last_logits = pre.logits;
+    in.rope_inv_freq = m.RopeInvFreq();
+    for (PolicyKind policy : opt.policies) {
+      const std::string name(compression::PolicyName(policy));
+      for (int b : opt.budgets) {
+        compression::TransformerDecoder decoder(&m);
+        in.decoder = &decoder;
+        auto result = compression::Compress(opt.ConfigFor(policy, b), in);
+        if (!result.ok()) {
+          return absl::Status(result.status().code(), absl::StrCat("case ", c.id, ", ", name, " B=", b, ": ",
+                                                                   result.status().message()));
         }
-        emit(name, b, kMetricExactMatch, ExactMatch(out, c.answer_ids) ? 1.0 : 0.0);
+        ECHOKV_ASSIGN_OR_RETURN(model::KvCache compact, model::KvCache::Gather(context, result->indices));
+        // Kept entries are context entry indices; for a fresh context those are positions.
+        IndexSets kept;
+        for (const at::Tensor& idx : result->indices) kept.push_back(Rows(idx));
+        ECHOKV_RETURN_IF_ERROR(Measure(m, opt, c, ref, name, b, std::move(compact), kept, x[0], emit));
       }
+    }
+  }
 
-      // Teacher-forced steps on the full cache's continuation.
-      double kl_sum = 0, top1_sum = 0;
-      int match = 1;  // x'_0 = x_0: the first token comes from the (uncompressed) prefill
-      bool matching = true;
-      for (int s = 1; s <= opt.steps; ++s) {
-        ECHOKV_ASSIGN_OR_RETURN(model::DecodeResult r, m.Decode(x[s - 1], &compact));
-        const std::vector<float> lp = ToVector(r.logits);
-        ECHOKV_ASSIGN_OR_RETURN(double kl, KlFromLogits(full_logits[s - 1], lp));
-        kl_sum += kl;
-        const bool agree = model::Argmax(lp) == x[s];
-        top1_sum += agree ? 1 : 0;
-        // While every earlier token agreed, the teacher-forced step is the free-running
-        // step, so the first disagreement ends the greedy match.
-        if (s < opt.steps && matching) {
-          if (agree) {
-            ++match;
-          } else {
-            matching = false;
+  // Every (memory mode, policy, budget) as a session fed turn by turn.
+  if (opt.turns > 0) {
+    ECHOKV_ASSIGN_OR_RETURN(const std::vector<int> sizes, SplitTurns(c, opt.turns, opt.question_tokens));
+    for (server::MemoryMode mode : opt.memory_modes) {
+      for (PolicyKind policy : opt.policies) {
+        const std::string name = TurnRowName(policy, mode);
+        for (int b : opt.budgets) {
+          auto session = RunTurns(m, opt.ConfigFor(policy, b), mode, c.prompt_ids, sizes, opt.prefill_chunk);
+          if (!session.ok()) {
+            return absl::Status(session.status().code(), absl::StrCat("case ", c.id, ", ", name, " B=", b, ": ",
+                                                                      session.status().message()));
           }
+          const server::SessionData& data = **session;
+          if (data.hot.next_position() != L) {
+            return absl::InternalError(absl::StrCat("case ", c.id, ", ", name, ": the session holds ",
+                                                    data.hot.next_position(), " positions, the prompt ", L));
+          }
+          // The hot tier's cells record the true position of every entry.
+          IndexSets kept(data.hot.num_layers());
+          for (int l = 0; l < data.hot.num_layers(); ++l) {
+            for (int g = 0; g < data.hot.num_kv_heads(); ++g) {
+              std::vector<int64_t> p = data.hot.cells().positions(l, g);
+              std::sort(p.begin(), p.end());
+              kept[l].push_back(std::move(p));
+            }
+          }
+          ECHOKV_RETURN_IF_ERROR(
+              Measure(m, opt, c, ref, name, b, data.hot.Clone(), kept, Greedy(data.last_logits), emit));
         }
       }
-      emit(name, b, kMetricKl, kl_sum / opt.steps);
-      emit(name, b, kMetricTop1, top1_sum / opt.steps);
-      emit(name, b, kMetricMatchLength, match);
-
-      if (!c.evidence_spans.empty()) {
-        ECHOKV_ASSIGN_OR_RETURN(double ret, EvidenceRetention(kept, c.evidence_spans));
-        emit(name, b, kMetricEvidence, ret);
-      }
-      emit(name, b, kMetricOracleOverlap, MeanOverlap(kept, oracle_union[b]));
     }
   }
   return rows;
@@ -287,6 +396,13 @@ absl::Status EvalOptions::Validate() const {
       }
     }
   }
+  if (turns < 0 || turns > 4096) return absl::InvalidArgumentError(absl::StrCat("turns: ", turns, " is outside 0 ... 4096"));
+  if (turns > 0 && memory_modes.empty()) return absl::InvalidArgumentError("memory_modes: at least one is required with turns");
+  if (turns == 0 && !one_shot) return absl::InvalidArgumentError("one_shot: nothing to evaluate without turns");
+  if (question_tokens.has_value() && *question_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("question_tokens: ", *question_tokens, " must be >= 1"));
+  }
+  if (prefill_chunk < 1) return absl::InvalidArgumentError(absl::StrCat("prefill_chunk: ", prefill_chunk, " must be >= 1"));
   if (table1) {
     for (int b : budgets) {
       absl::Status s = ConfigFor(PolicyKind::kEchoKv, b).Validate();
@@ -324,6 +440,10 @@ int64_t Evaluator::PositionsNeeded(const EvalCase& eval_case) const {
 
 absl::Status Evaluator::CheckFits(const EvalCase& eval_case) const {
   return CheckFitsImpl(model_->config(), options_, eval_case);
+}
+
+std::string TurnRowName(PolicyKind policy, server::MemoryMode mode) {
+  return absl::StrCat(compression::PolicyName(policy), "/", server::MemoryModeName(mode));
 }
 
 absl::StatusOr<std::vector<MetricRow>> Evaluator::EvaluateCase(const EvalCase& eval_case) const {

@@ -35,6 +35,7 @@
 #include "bench/eval/metrics.h"
 #include "compression/config.h"
 #include "model/transformer.h"
+#include "server/session_store.h"
 
 namespace echokv::eval {
 
@@ -66,7 +67,22 @@ struct EvalOptions {
   std::optional<int> laq_workspace;  // LAQ's B1; default = budget
   int stage2_window = 0;           // echokv's w
   int oracle_steps = 8;            // K of oracle_overlap's union, 1 ... 64
-  bool table1 = true;              // compute the Table 1 rows
+  bool table1 = true;              // compute the Table 1 rows (one-shot only)
+
+  // The agent flow (docs/RESULTS.md "Agent flow"). 0: the one-shot compression only.
+  // K >= 1: every case is also fed as the turns SplitTurns(case, K, question_tokens)
+  // gives (kCreate, then kAppend) through server::TurnJob — the code a server session
+  // runs — once per memory mode, and the session's hot tier after the last turn is
+  // measured like a one-shot compact cache, in rows whose policy is TurnRowName().
+  // The reference (full cache, oracle sets) is the one-shot prefill of the whole prompt.
+  // The session's first token is the argmax of its own last logits: when it differs
+  // from the full cache's, match_len is 0 and the exact-match run starts from it.
+  int turns = 0;
+  std::vector<server::MemoryMode> memory_modes = {server::MemoryMode::kTiered, server::MemoryMode::kEvict};
+  bool one_shot = true;            // with turns > 0: also the one-shot rows (and Table 1)
+  std::optional<int> question_tokens;  // SplitTurns' q (default: after the evidence, or 8)
+  int prefill_chunk = 256;         // TurnSpec::prefill_chunk (the server's default, and the
+                                   // one-shot prefill's ForwardOptions::chunk_size)
 
   // Non-empty policies and budgets, bounds above, and every per-policy config valid;
   // the message names the field.
@@ -76,6 +92,9 @@ struct EvalOptions {
   // Decode positions a case needs after its prompt: max(steps, lookahead, oracle_steps).
   int DecodeSteps() const;
 };
+
+// The policy column of an agent-flow row: "echokv/tiered", "snapkv/evict".
+std::string TurnRowName(compression::PolicyKind policy, server::MemoryMode mode);
 
 // One measurement: a row of results.csv.
 struct MetricRow {
@@ -107,6 +126,7 @@ class Evaluator {
   // declares none); InvalidArgument naming the case, its line and the fields otherwise.
   // That is: L + S <= max_pos and L + |answer| <= max_pos + 1, the bound of a
   // generator whose last token is not fed back (llama2.c's run.c, echokv-generate).
+  // With turns > 0 the case must also split into them (SplitTurns' error otherwise).
   absl::Status CheckFits(const EvalCase& eval_case) const;
 
   const EvalOptions& options() const { return options_; }

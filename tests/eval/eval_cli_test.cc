@@ -87,5 +87,28 @@ TEST_F(EvalCliTest, NothingSkippedSaysSo) {
   EXPECT_TRUE(absl::StrContains(testing::ReadFileOrDie(dir_ + "/out/summary.md"), "- skipped: 0\n"));
 }
 
+// --turns: rows per memory mode next to the one-shot rows; bad --memory values are
+// refused naming the flag.
+TEST_F(EvalCliTest, TurnsReportEveryMemoryMode) {
+  testing::WriteFileOrDie(dir_ + "/cases.jsonl", "{\"id\": \"short\", \"prompt_ids\": " + IdsJson(40) + "}\n");
+  testing::CommandResult r = Run(" --turns 4 --memory oneshot,tiered,evict");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string csv = testing::ReadFileOrDie(dir_ + "/out/results.csv");
+  for (const char* row : {"\nshort,snapkv,8,kl,", "\nshort,snapkv/tiered,8,kl,", "\nshort,snapkv/evict,8,kl,",
+                          "\nshort,full/tiered,8,top1,1\n"}) {
+    EXPECT_TRUE(absl::StrContains(csv, row)) << row << "\n" << csv;
+  }
+  const std::string summary = testing::ReadFileOrDie(dir_ + "/out/summary.md");
+  EXPECT_TRUE(absl::StrContains(summary, "agent flow: 4 turns per case")) << summary;
+  EXPECT_TRUE(absl::StrContains(summary, "| snapkv/evict |")) << summary;
+
+  r = Run(" --turns 4 --memory tiered,bogus");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(r.err, "--memory: \"bogus\"")) << r.err;
+  r = Run(" --turns 4 --memory oneshot");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(r.err, "--memory")) << r.err;
+}
+
 }  // namespace
 }  // namespace echokv
