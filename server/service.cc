@@ -242,21 +242,25 @@ void HintOwner(grpc::CallbackServerContext* ctx, const google::protobuf::Message
   if (owner != replica_id) ctx->AddTrailingMetadata(kOwnerMetadata, owner);
 }
 
-// Authenticates the call, then parses its request (wire_check.h): UNAUTHENTICATED, or
-// INVALID_ARGUMENT naming the bad field / the malformed message.
+// Parses one raw message (wire_check.h): INVALID_ARGUMENT naming the bad field / the
+// malformed message; `what` names it when its bytes cannot be read at all.
+absl::Status ParseRaw(const grpc::ByteBuffer& raw, const char* what, google::protobuf::Message* message) {
+  std::vector<grpc::Slice> slices;
+  if (!raw.Dump(&slices).ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": unreadable message"));
+  std::string bytes;
+  bytes.reserve(raw.Length());
+  for (const grpc::Slice& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  return ParseRequest(bytes, message);
+}
+
+// Authenticates the call, then parses its request: UNAUTHENTICATED, or ParseRaw's errors.
 template <typename Request>
 absl::StatusOr<Caller> Admit(grpc::CallbackServerContext* ctx, const TokenStore* tokens, const std::string& replica_id,
                              const grpc::ByteBuffer* raw, Request* request) {
   absl::StatusOr<Caller> caller = CallerFromGrpc(*ctx, tokens);
   if (!caller.ok()) return caller.status();
-  std::string bytes;
-  if (raw != nullptr) {
-    std::vector<grpc::Slice> slices;
-    if (!raw->Dump(&slices).ok()) return absl::InvalidArgumentError("request: unreadable message");
-    bytes.reserve(raw->Length());
-    for (const grpc::Slice& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-  }
-  if (absl::Status s = ParseRequest(bytes, request); !s.ok()) return s;
+  absl::Status parsed = raw != nullptr ? ParseRaw(*raw, "request", request) : ParseRequest("", request);
+  if (!parsed.ok()) return parsed;
   HintOwner(ctx, *request, replica_id);
   return caller;
 }
@@ -464,12 +468,8 @@ class ImportReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       });
       return;
     }
-    std::vector<grpc::Slice> slices;
-    std::string bytes;
-    if (!in_.Dump(&slices).ok()) return Fail(absl::InvalidArgumentError("ImportSession: unreadable message"));
-    for (const grpc::Slice& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
     pb::ImportSessionRequest msg;
-    if (absl::Status s = ParseRequest(bytes, &msg); !s.ok()) return Fail(s);
+    if (absl::Status s = ParseRaw(in_, "ImportSession", &msg); !s.ok()) return Fail(s);
     if (import_ == nullptr) {
       if (!msg.has_header()) {
         return Fail(absl::InvalidArgumentError("ImportSession: the first message must carry the header"));
@@ -781,7 +781,6 @@ EchoKvService::Unary* EchoKvService::ListSessions(grpc::CallbackServerContext* c
                                                  grpc::ByteBuffer* out) {
   auto* reactor = new UnaryReactor<pb::ListSessionsResponse>(this, "ListSessions", out);
   pb::ListSessionsRequest request_msg;
-  const pb::ListSessionsRequest* request = &request_msg;
   absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
   if (!caller.ok()) {
     reactor->Done(caller.status());
