@@ -17,6 +17,7 @@
 #include "common/env.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "kernels/attention.h"
 #include "kernels/rope.h"
 #include "model/weights.h"
 
@@ -334,6 +335,44 @@ struct Transformer::Impl {
 
   bool CanUseCpuFastPath() const {
     return options.device().is_cpu() && options.dtype() == at::kFloat;
+  }
+
+  // Attention of a prefill chunk on CPU float32: the fused kernel (kernels/attention.h:
+  // online softmax over 64-key blocks, no score matrix beyond one tile) over the cache
+  // entries of `layer`, which already hold the chunk's own. q [H, m, d] post-RoPE with
+  // unit stride along d. Returns [m, H d]. The kernel's loops run on LibTorch's OpenMP
+  // pool (our own loops, like decode), the surrounding products on OpenBLAS's.
+  at::Tensor FusedAttention(int layer, const at::Tensor& q, const std::vector<int64_t>& qpos,
+                            const KvCache& cache) const {
+    const int64_t H = config.num_heads, G = config.num_kv_heads, d = config.head_dim, m = q.size(1);
+    at::Tensor qc = q.stride(2) == 1 ? q : q.contiguous();
+    at::Tensor out = at::empty({m, H * d}, q.options());
+    std::vector<const int64_t*> kpos(G);
+    for (int64_t g = 0; g < G; ++g) kpos[g] = cache.cells().positions(layer, static_cast<int>(g)).data();
+    kernels::CausalAttentionArgs a;
+    a.num_heads = H;
+    a.num_kv_heads = G;
+    a.head_dim = d;
+    a.q = qc.data_ptr<float>();
+    a.q_row_stride = qc.stride(1);
+    a.q_head_stride = qc.stride(0);
+    a.m = m;
+    a.q_positions = qpos.data();
+    a.k = cache.KeyData(layer);
+    a.v = cache.ValueData(layer);
+    a.kv_group_stride = cache.GroupStride(layer);
+    a.n = cache.size(layer);
+    a.key_positions = kpos.data();
+    a.sliding_window = config.UsesSlidingWindow(layer) ? config.sliding_window : 0;
+    a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+    a.out = out.data_ptr<float>();
+    a.out_row_stride = H * d;
+    a.out_head_stride = d;
+    pools->ForDecodeLoops();
+    at::parallel_for(0, kernels::CausalAttentionWorkItems(a), 1,
+                     [&](int64_t b, int64_t e) { kernels::CausalAttention(a, b, e); });
+    pools->ForBatched();
+    return out;
   }
 
   // Attention of one post-RoPE query head q [d] at position `pos` over group g's
@@ -698,6 +737,10 @@ absl::StatusOr<ForwardResult> Transformer::Forward(absl::Span<const int> tokens,
   const int64_t keep = options.keep_last_queries < 0 ? total : std::min<int64_t>(options.keep_last_queries, total);
   const int64_t keep_from = total - keep;  // token index of the first kept query
 
+  // CPU float32 (model and cache) attends with the fused kernel; other devices and
+  // dtypes with the ATen composition (Impl::Attention).
+  const bool fused = impl_->CanUseCpuFastPath() && cache->options().dtype() == at::kFloat &&
+                     cache->options().device().is_cpu();
   impl_->pools->ForBatched();
   ForwardResult result;
   std::vector<std::vector<at::Tensor>> kept_queries(c.num_layers);
@@ -736,7 +779,8 @@ absl::StatusOr<ForwardResult> Transformer::Forward(absl::Span<const int> tokens,
           const int64_t from = std::max<int64_t>(keep_from - s, 0);
           kept_queries[l].push_back(q.narrow(1, from, m - from).to(at::kFloat));
         }
-        at::Tensor attn = impl_->Attention(l, q, pos, cache->keys(l), cache->values(l), cache->positions(l));
+        at::Tensor attn = fused ? impl_->FusedAttention(l, q, pos, *cache)
+                                : impl_->Attention(l, q, pos, cache->keys(l), cache->values(l), cache->positions(l));
         at::Tensor o = w.bo.defined() ? at::linear(attn, w.wo, w.bo) : at::linear(attn, w.wo);
         x = x + o;
         at::Tensor h2 = impl_->RmsNorm(x, w.post_norm);
