@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/blas_env.h"
+
 namespace {
 
 // GFLOP/s of out [m, n] = a [m, k] b[n, k]^T (the layout of a linear layer), repeated for
@@ -39,6 +41,9 @@ double Measure(int64_t m, int64_t n, int64_t k, double seconds) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The OpenBLAS setup every echokv program gets (the core it would pick for itself);
+  // ECHOKV_NO_REEXEC=1 measures OpenBLAS exactly as the environment leaves it.
+  echokv::ConfigureBlasWorkersOrReexec(argv);
   int threads = 2;
   double seconds = 2.0;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -57,6 +62,7 @@ int main(int argc, char** argv) {
               set_blas != nullptr ? "OpenBLAS" : "BLAS (not OpenBLAS)", threads,
               corename != nullptr ? corename() : "?",
               std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "(unset)");
+  std::printf("%s\n", echokv::DescribeBlasSetup().c_str());
   std::printf("2048x2048x2048: %.1f GFLOP/s (peak)\n", Measure(2048, 2048, 2048, seconds));
   for (int64_t rows : {1, 16, 64}) {
     std::printf("%3lld x 512 x 1376 (one MLP up-projection of the 40M model, %lld rows): %.1f GFLOP/s\n",

@@ -13,9 +13,10 @@
 #                      the pod name as a flag instead)
 # ECHOKV_THREADS       compute threads, read by the server itself (the chart sets it
 #                      from the pod's CPU request)
+# ECHOKV_CPUINFO       (tests) the cpuinfo file read to pick OPENBLAS_CORETYPE
 # The image sets OMP_WAIT_POLICY=passive and OPENBLAS_THREAD_TIMEOUT=4, so idle
-# OpenMP/OpenBLAS workers sleep instead of spinning and the server need not re-exec
-# itself to set the latter.
+# OpenMP/OpenBLAS workers sleep instead of spinning; with OPENBLAS_CORETYPE exported
+# below the server need not re-exec itself to set either.
 set -eu
 server="${ECHOKV_SERVER_BIN:-/opt/echokv/bin/echokv-server}"  # overridable for tests
 model="${ECHOKV_MODEL:-/opt/echokv/models/stories260K}"
@@ -42,6 +43,19 @@ if [ -n "${ECHOKV_REPLICA_ID:-}" ]; then
 fi
 if [ -n "${ECHOKV_HTTP_PORT:-}" ]; then
   set -- --http_port="${ECHOKV_HTTP_PORT}" "$@"
+fi
+# OpenBLAS 0.3.21 falls back to its SSE3 (Prescott) kernels on Xeons it does not know
+# (5x slower products than AVX-512 on our CI machines). Name the widest core this CPU
+# runs, as the server itself would (common/blas_env.h) — but here, so that it need not
+# re-exec itself to do it. A value set in the environment is kept.
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -r "${ECHOKV_CPUINFO:-/proc/cpuinfo}" ]; then
+  flags=" $(grep -m1 '^flags' "${ECHOKV_CPUINFO:-/proc/cpuinfo}" | cut -d: -f2) "
+  has() { case "$flags" in *" $1 "*) return 0 ;; esac; return 1; }
+  if has avx512f && has avx512cd && has avx512bw && has avx512dq && has avx512vl; then
+    export OPENBLAS_CORETYPE=SkylakeX
+  elif has avx2 && has fma; then
+    export OPENBLAS_CORETYPE=Haswell
+  fi
 fi
 set -- \
   --model="${model}" \

@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/blas_env.h"
 #include "common/env.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -709,7 +711,8 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
   ECHOKV_LOG(INFO) << "loaded " << ModelTypeName(config.type) << " model: " << config.num_layers << " layers, "
                    << config.num_heads << "/" << config.num_kv_heads << " heads, d=" << config.head_dim
                    << ", rope_scaling " << RopeScalingTypeName(config.rope_scaling.type) << ", vocab " << config.vocab_size << " on " << device.device << " " << device.dtype << ", "
-                   << threads << " threads [" << threads_why << "] (" << impl->pools->Describe() << ")";
+                   << threads << " threads [" << threads_why << "] (" << impl->pools->Describe() << "); "
+                   << DescribeBlasSetup() << "; attention kernel " << kernels::AttentionIsa();
   return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
 }
 
@@ -742,6 +745,14 @@ absl::StatusOr<ForwardResult> Transformer::Forward(absl::Span<const int> tokens,
   const bool fused = impl_->CanUseCpuFastPath() && cache->options().dtype() == at::kFloat &&
                      cache->options().device().is_cpu();
   impl_->pools->ForBatched();
+  // Per-op laps for options.profile (nothing is timed without it).
+  auto lap_start = std::chrono::steady_clock::now();
+  auto lap = [&](double PrefillProfile::*field) {
+    if (options.profile == nullptr) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (field != nullptr) options.profile->*field += std::chrono::duration<double>(now - lap_start).count();
+    lap_start = now;
+  };
   ForwardResult result;
   std::vector<std::vector<at::Tensor>> kept_queries(c.num_layers);
   try {
@@ -759,13 +770,17 @@ absl::StatusOr<ForwardResult> Transformer::Forward(absl::Span<const int> tokens,
       for (int64_t i = 0; i < m; ++i) pos[i] = start + s + i;
       at::Tensor cos, sin;
       kernels::RopeTables(pos, impl_->inv_freq, dev, &cos, &sin);  // [m, d]
+      lap(&PrefillProfile::rope);
       std::vector<int64_t> ids(tokens.begin() + s, tokens.begin() + s + m);
       at::Tensor x = impl_->embed.index_select(0, at::tensor(ids, at::kLong).to(dev));  // [m, D]
+      lap(&PrefillProfile::embed);
 
       for (int l = 0; l < c.num_layers; ++l) {
         const Impl::Layer& w = impl_->layers[l];
         at::Tensor h = impl_->RmsNorm(x, w.input_norm);
+        lap(&PrefillProfile::norms);
         at::Tensor qkv = w.bqkv.defined() ? at::linear(h, w.wqkv, w.bqkv) : at::linear(h, w.wqkv);
+        lap(&PrefillProfile::qkv);
         at::Tensor q = qkv.narrow(1, 0, H * d).view({m, H, d}).transpose(0, 1);          // [H, m, d]
         at::Tensor k = qkv.narrow(1, H * d, G * d).view({m, G, d}).transpose(0, 1);      // [G, m, d]
         at::Tensor v = qkv.narrow(1, (H + G) * d, G * d).view({m, G, d}).transpose(0, 1);
@@ -774,27 +789,36 @@ absl::StatusOr<ForwardResult> Transformer::Forward(absl::Span<const int> tokens,
         }
         q = Impl::Rope(q, cos, sin);
         k = Impl::Rope(k, cos, sin);
+        lap(&PrefillProfile::rope);
         ECHOKV_RETURN_IF_ERROR(cache->Append(l, k, v, pos));
         if (s + m > keep_from) {
           const int64_t from = std::max<int64_t>(keep_from - s, 0);
           kept_queries[l].push_back(q.narrow(1, from, m - from).to(at::kFloat));
         }
+        lap(&PrefillProfile::cache);
         at::Tensor attn = fused ? impl_->FusedAttention(l, q, pos, *cache)
                                 : impl_->Attention(l, q, pos, cache->keys(l), cache->values(l), cache->positions(l));
+        lap(&PrefillProfile::attention);
         at::Tensor o = w.bo.defined() ? at::linear(attn, w.wo, w.bo) : at::linear(attn, w.wo);
         x = x + o;
+        lap(&PrefillProfile::out_proj);
         at::Tensor h2 = impl_->RmsNorm(x, w.post_norm);
+        lap(&PrefillProfile::norms);
         at::Tensor gu = at::linear(h2, w.w_gate_up);  // [m, 2I]
         const int64_t inter = c.intermediate_size;
         at::Tensor act = at::silu(gu.narrow(1, 0, inter)) * gu.narrow(1, inter, inter);
         x = x + at::linear(act, w.w_down);
+        lap(&PrefillProfile::mlp);
       }
       cache->set_next_position(start + s + m);
       if (last_chunk) last_hidden = x.select(0, m - 1);
       if (options.progress) options.progress(s + m, total);
+      lap(nullptr);  // the progress callback is the caller's time
     }
     at::Tensor normed = impl_->RmsNorm(last_hidden, impl_->final_norm);
+    lap(&PrefillProfile::norms);
     result.logits = at::linear(normed, impl_->lm_head).to(at::kFloat).to(at::kCPU).contiguous();
+    lap(&PrefillProfile::lm_head);
     if (keep > 0) {
       for (int l = 0; l < c.num_layers; ++l) result.queries.push_back(at::cat(kept_queries[l], 1));
       for (int64_t i = keep_from; i < total; ++i) result.query_positions.push_back(start + i);

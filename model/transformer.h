@@ -38,6 +38,22 @@ struct DeviceOptions {
   absl::Status Validate() const;
 };
 
+// Where a Forward's wall time went, per operation, summed over layers and chunks
+// (ForwardOptions::profile). On CPU every op is synchronous, so the laps are exact; on
+// other devices they only time the launches.
+struct PrefillProfile {
+  double embed = 0;      // token embedding lookup
+  double norms = 0;      // RMSNorm before attention and MLP (+ the final one)
+  double qkv = 0;        // fused QKV projection (GEMM)
+  double rope = 0;       // RoPE tables of the chunk, rotation of queries and keys
+  double cache = 0;      // appending keys/values to the KV cache (+ kept queries)
+  double attention = 0;  // causal attention over the cache
+  double out_proj = 0;   // attention output projection (GEMM) + residual
+  double mlp = 0;        // gate/up GEMM, SiLU * up, down GEMM + residual
+  double lm_head = 0;    // logits of the last position only
+  double Total() const { return embed + norms + qkv + rope + cache + attention + out_proj + mlp + lm_head; }
+};
+
 struct ForwardOptions {
   // Tokens per prefill chunk: activation memory is O(chunk_size * context), never
   // O(context^2).
@@ -50,6 +66,8 @@ struct ForwardOptions {
   std::function<void(int64_t, int64_t)> progress;
   // When set and true, Forward stops between chunks with CANCELLED.
   const std::atomic<bool>* cancel = nullptr;
+  // When set, per-op wall times are added to it.
+  PrefillProfile* profile = nullptr;
 };
 
 struct ForwardResult {

@@ -2,9 +2,9 @@
 // grpc.health.v1.Health, Prometheus metrics, (with --http_port) the OpenAI-compatible
 // HTTP API and (with --reflection) server reflection.
 //
-//   echokv-server --model /models/stories260K --auth-tokens-file /etc/echokv/tokens \
-//       --tls-cert server.pem --tls-key server.key [--tls-client-ca clients.pem] --http-port 8080
-//   echokv-server --model DIR --insecure --host 127.0.0.1 --port 0 --http-port 0 --port-file /tmp/ports
+//   echokv-server --model /models/stories260K --auth_tokens_file /etc/echokv/tokens
+//       --tls_cert server.pem --tls_key server.key [--tls_client_ca clients.pem] --http_port 8080
+//   echokv-server --model DIR --insecure --host 127.0.0.1 --port 0 --http_port 0 --port_file /tmp/ports
 //   echokv-server --insecure      # $ECHOKV_MODEL, else the embedded stories260K (models/)
 //     (port 0 picks a free port; the port file gets "GRPC_PORT\nMETRICS_PORT\nHTTP_PORT\n",
 //     0 for a door that is off)

@@ -46,6 +46,28 @@ want="--model=$tmp/model
 $out"
 [ -d "$tmp/vol/sessions" ] || fail "the state dir was not created"
 
+# 2b. OPENBLAS_CORETYPE from the CPU flags (the fake server prints it), an explicit
+# value kept.
+cat > "$tmp/fake-env-server" <<'SH'
+#!/bin/sh
+echo "core=${OPENBLAS_CORETYPE:-unset}"
+SH
+chmod +x "$tmp/fake-env-server"
+printf 'processor\t: 0\nflags\t\t: fpu sse2 avx2 fma avx512f avx512dq adx avx512cd sha_ni avx512bw avx512vl\n' > "$tmp/cpu512"
+printf 'flags\t\t: fpu sse2 avx avx2 fma bmi2\n' > "$tmp/cpu2"
+printf 'flags\t\t: fpu sse2 avx2 fma avx512f avx512cd\n' > "$tmp/cpu512partial"
+printf 'flags\t\t: fpu sse2 sse3\n' > "$tmp/cpuold"
+for case_ in "cpu512 SkylakeX" "cpu2 Haswell" "cpu512partial Haswell" "cpuold unset"; do
+  set -- $case_
+  got="$(env -i PATH="$PATH" ECHOKV_SERVER_BIN="$tmp/fake-env-server" ECHOKV_MODEL="$tmp/model" \
+         ECHOKV_CPUINFO="$tmp/$1" sh "$entry" 2>/dev/null)"
+  [ "$got" = "core=$2" ] || fail "OPENBLAS_CORETYPE for $1: got $got, want core=$2"
+done
+got="$(env -i PATH="$PATH" ECHOKV_SERVER_BIN="$tmp/fake-env-server" ECHOKV_MODEL="$tmp/model" \
+       ECHOKV_CPUINFO="$tmp/cpu512" OPENBLAS_CORETYPE=Haswell sh "$entry" 2>/dev/null)"
+[ "$got" = "core=Haswell" ] || fail "an explicit OPENBLAS_CORETYPE must be kept: got $got"
+set --
+
 # 3. A model directory without config.json: exit 1 with a message naming it.
 if err="$(env -i PATH="$PATH" ECHOKV_SERVER_BIN="$tmp/fake-server" ECHOKV_MODEL="$tmp/nomodel" sh "$entry" 2>&1)"; then
   fail "a missing model must fail"
