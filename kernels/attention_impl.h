@@ -12,8 +12,9 @@
 // by scale * log2 e, so the softmax is a power of 2), then for each block of 64 keys
 // the group can show the tile: K^T packed [d, 64], S = Q K^T per row (masked only on
 // blocks that straddle the causal edge or the window), online softmax (running max m,
-// sum l, output rows O rescaled by 2^(m_old - m_new)), O += P V. Memory: the tile, the
-// packed block and O — O(64 * (d + 64)) floats, independent of the context length.
+// sum l, output rows O rescaled by 2^(m_old - m_new)), O += P V four rows at a time
+// (each value row loaded once for four output rows). Memory: the tile, the
+// packed block and O — O(128 * (d + 64)) floats, independent of the context length.
 #ifndef ECHOKV_ATTENTION_WIDTH
 #error "define ECHOKV_ATTENTION_WIDTH before including kernels/attention_impl.h"
 #endif
@@ -115,31 +116,59 @@ inline void ScoreRows(const float* qs, const float* kt, int64_t d, float* s) {
   }
 }
 
-// o[c0 .. c0 + kVecs*W) = alpha * o + sum_j p[j] * v_j[c0 ..] over the block's bk rows.
-template <int W, int kVecs>
-inline void WeightedSumPass(const float* p, const float* vblock, int64_t bk, int64_t d, int64_t c0, float alpha,
-                            float* o) {
+// For kRows output rows at once (p rows `p_stride` apart, o rows d apart):
+// o[c0 .. c0 + kVecs*W) = alpha_r * o + sum_j p_r[j] * v_j[c0 ..] over the block's bk
+// value rows. The rows share each value load: kRows * kVecs accumulators in registers
+// (<= 16), one load per kRows FMAs.
+template <int W, int kRows, int kVecs>
+inline void WeightedSumPass(const float* p, int64_t p_stride, const float* vblock, int64_t bk, int64_t d, int64_t c0,
+                            const float* alpha, float* o) {
   using S = Simd<W>;
-  typename S::F acc[kVecs];
-  const typename S::F a = S::Splat(alpha);
-  for (int c = 0; c < kVecs; ++c) acc[c] = S::Load(o + c0 + c * W) * a;
-  for (int64_t j = 0; j < bk; ++j) {
-    const typename S::F pj = S::Splat(p[j]);
-    const float* vr = vblock + j * d + c0;
-    for (int c = 0; c < kVecs; ++c) acc[c] += pj * S::Load(vr + c * W);
+  typename S::F acc[kRows][kVecs];
+  for (int rr = 0; rr < kRows; ++rr) {
+    const typename S::F a = S::Splat(alpha[rr]);
+    for (int c = 0; c < kVecs; ++c) acc[rr][c] = S::Load(o + rr * d + c0 + c * W) * a;
   }
-  for (int c = 0; c < kVecs; ++c) S::Store(o + c0 + c * W, acc[c]);
+  for (int64_t j = 0; j < bk; ++j) {
+    typename S::F v[kVecs];
+    const float* vr = vblock + j * d + c0;
+    for (int c = 0; c < kVecs; ++c) v[c] = S::Load(vr + c * W);
+    for (int rr = 0; rr < kRows; ++rr) {
+      const typename S::F pj = S::Splat(p[rr * p_stride + j]);
+      for (int c = 0; c < kVecs; ++c) acc[rr][c] += pj * v[c];
+    }
+  }
+  for (int rr = 0; rr < kRows; ++rr) {
+    for (int c = 0; c < kVecs; ++c) S::Store(o + rr * d + c0 + c * W, acc[rr][c]);
+  }
 }
 
-// One output row over the whole head dim (d % W == 0), in passes of at most 8 vectors
-// (the accumulators stay in registers for any d).
-template <int W>
-inline void WeightedSumRow(const float* p, const float* vblock, int64_t bk, int64_t d, float alpha, float* o) {
+// kRows output rows over the whole head dim (d % W == 0), in passes of at most 16 / kRows
+// vectors per row, so the accumulators stay in registers for any d.
+template <int W, int kRows>
+inline void WeightedSumRows(const float* p, int64_t p_stride, const float* vblock, int64_t bk, int64_t d,
+                            const float* alpha, float* o) {
+  constexpr int kMax = 16 / kRows;  // vectors per row per pass: 4 for 4 rows, 16 for 1
   int64_t c0 = 0;
-  for (; c0 + 8 * W <= d; c0 += 8 * W) WeightedSumPass<W, 8>(p, vblock, bk, d, c0, alpha, o);
-  for (; c0 + 4 * W <= d; c0 += 4 * W) WeightedSumPass<W, 4>(p, vblock, bk, d, c0, alpha, o);
-  for (; c0 + 2 * W <= d; c0 += 2 * W) WeightedSumPass<W, 2>(p, vblock, bk, d, c0, alpha, o);
-  for (; c0 < d; c0 += W) WeightedSumPass<W, 1>(p, vblock, bk, d, c0, alpha, o);
+  if constexpr (kMax >= 8) {
+    for (; c0 + 8 * W <= d; c0 += 8 * W) WeightedSumPass<W, kRows, 8>(p, p_stride, vblock, bk, d, c0, alpha, o);
+  }
+  for (; c0 + 4 * W <= d; c0 += 4 * W) WeightedSumPass<W, kRows, 4>(p, p_stride, vblock, bk, d, c0, alpha, o);
+  for (; c0 + 2 * W <= d; c0 += 2 * W) WeightedSumPass<W, kRows, 2>(p, p_stride, vblock, bk, d, c0, alpha, o);
+  for (; c0 < d; c0 += W) WeightedSumPass<W, kRows, 1>(p, p_stride, vblock, bk, d, c0, alpha, o);
+}
+
+// All `rows` output rows of the tile (4 at a time, then one by one).
+template <int W>
+inline void WeightedSumTile(const float* p, int64_t p_stride, const float* vblock, int64_t bk, int64_t d,
+                            const float* alpha, int64_t rows, float* o) {
+  int64_t r = 0;
+  if constexpr (W > 1) {
+    for (; r + 4 <= rows; r += 4) {
+      WeightedSumRows<W, 4>(p + r * p_stride, p_stride, vblock, bk, d, alpha + r, o + r * d);
+    }
+  }
+  for (; r < rows; ++r) WeightedSumRows<W, 1>(p + r * p_stride, p_stride, vblock, bk, d, alpha + r, o + r * d);
 }
 
 // The widest vector (<= kWidth) that divides the head dim.
@@ -150,22 +179,23 @@ inline int ValueWidth(int64_t d) {
   return 1;
 }
 
-inline void WeightedSum(int width, const float* p, const float* vblock, int64_t bk, int64_t d, float alpha, float* o) {
+inline void WeightedSum(int width, const float* p, int64_t p_stride, const float* vblock, int64_t bk, int64_t d,
+                        const float* alpha, int64_t rows, float* o) {
   switch (width) {
 #if ECHOKV_ATTENTION_WIDTH >= 16
     case 16:
-      return WeightedSumRow<16>(p, vblock, bk, d, alpha, o);
+      return WeightedSumTile<16>(p, p_stride, vblock, bk, d, alpha, rows, o);
 #endif
 #if ECHOKV_ATTENTION_WIDTH >= 8
     case 8:
-      return WeightedSumRow<8>(p, vblock, bk, d, alpha, o);
+      return WeightedSumTile<8>(p, p_stride, vblock, bk, d, alpha, rows, o);
 #endif
 #if ECHOKV_ATTENTION_WIDTH >= 4
     case 4:
-      return WeightedSumRow<4>(p, vblock, bk, d, alpha, o);
+      return WeightedSumTile<4>(p, p_stride, vblock, bk, d, alpha, rows, o);
 #endif
     default:
-      return WeightedSumRow<1>(p, vblock, bk, d, alpha, o);
+      return WeightedSumTile<1>(p, p_stride, vblock, bk, d, alpha, rows, o);
   }
 }
 
@@ -189,7 +219,7 @@ inline int64_t LowerBound(const int64_t* kp, int64_t n, int64_t x) {
 
 struct Layout {
   int64_t r, bq, rows, d;
-  int64_t q, kt, s, o, m, l, pos, total;  // offsets into the scratch floats
+  int64_t q, kt, s, o, m, l, alpha, pos, total;  // offsets into the scratch floats
 };
 
 inline Layout MakeLayout(const CausalAttentionArgs& a) {
@@ -204,7 +234,8 @@ inline Layout MakeLayout(const CausalAttentionArgs& a) {
   L.o = L.s + L.rows * kKeyBlock;
   L.m = L.o + L.rows * L.d;
   L.l = L.m + L.rows;
-  L.pos = L.l + L.rows;              // int64 row positions, two floats each
+  L.alpha = L.l + L.rows;
+  L.pos = L.alpha + L.rows;          // int64 row positions, two floats each
   L.total = L.pos + 2 * L.rows + 16;  // + slack to align the int64 area
   return L;
 }
@@ -224,6 +255,7 @@ void RunItem(const CausalAttentionArgs& a, const Layout& L, int64_t item, float*
   float* o = scratch + L.o;
   float* mrow = scratch + L.m;
   float* lrow = scratch + L.l;
+  float* alpha = scratch + L.alpha;
   int64_t* pos = reinterpret_cast<int64_t*>(
       reinterpret_cast<uintptr_t>(scratch + L.pos + 1) & ~static_cast<uintptr_t>(7));
 
@@ -270,6 +302,9 @@ void RunItem(const CausalAttentionArgs& a, const Layout& L, int64_t item, float*
     for (; row + kScoreRows <= rows; row += kScoreRows) ScoreRows<kScoreRows>(qs + row * d, kt, d, s + row * kKeyBlock);
     for (; row < rows; ++row) ScoreRows<1>(qs + row * d, kt, d, s + row * kKeyBlock);
 
+    // Online softmax per row: p = 2^(s - m_new) in place of the scores, alpha =
+    // 2^(m_old - m_new) rescales what the row summed so far. A row that sees none of
+    // the block's keys (and none before) keeps alpha 1 and p 0.
     for (row = 0; row < rows; ++row) {
       float* sr = s + row * kKeyBlock;
       for (int64_t j = bk; j < kKeyBlock; ++j) sr[j] = kNegInf;
@@ -284,8 +319,12 @@ void RunItem(const CausalAttentionArgs& a, const Layout& L, int64_t item, float*
       for (int64_t j = kWidth; j < kKeyBlock; j += kWidth) mv = V::Max(mv, V::Load(sr + j));
       const float block_max = V::HMax(mv);
       const float m_new = block_max > mrow[row] ? block_max : mrow[row];
-      if (m_new == kNegInf) continue;  // this row sees none of the block's keys yet
-      const float alpha = Simd<1>::HSum(Simd<1>::Exp2(Simd<1>::Splat(mrow[row] - m_new)));
+      if (m_new == kNegInf) {
+        alpha[row] = 1.0f;
+        for (int64_t j = 0; j < kKeyBlock; ++j) sr[j] = 0.0f;
+        continue;
+      }
+      alpha[row] = Simd<1>::HSum(Simd<1>::Exp2(Simd<1>::Splat(mrow[row] - m_new)));
       mrow[row] = m_new;
       const typename V::F mn = V::Splat(m_new);
       typename V::F sum = {};
@@ -294,9 +333,9 @@ void RunItem(const CausalAttentionArgs& a, const Layout& L, int64_t item, float*
         V::Store(sr + j, pj);
         sum += pj;
       }
-      lrow[row] = lrow[row] * alpha + V::HSum(sum);
-      WeightedSum(vwidth, sr, vg + j0 * d, bk, d, alpha, o + row * d);
+      lrow[row] = lrow[row] * alpha[row] + V::HSum(sum);
     }
+    WeightedSum(vwidth, s, kKeyBlock, vg + j0 * d, bk, d, alpha, rows, o);
   }
 
   for (int64_t hh = 0; hh < r; ++hh) {
