@@ -68,7 +68,10 @@ void ConfigureBlasWorkersOrReexec(char** argv) {
     if (!coretype.empty()) set = std::string("coretype:") + core;
   }
   const bool timeout = std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr;
-  if (!timeout && coretype.empty()) return;
+  // An environment that already carries OPENBLAS_THREAD_TIMEOUT was set up on purpose
+  // (the container image): start without the re-exec (~0.7 s of loading ~330 libraries
+  // again); DescribeBlasSetup then says which core OpenBLAS chose and what to export.
+  if (!timeout) return;
   // Exec the resolved path, not /proc/self/exe: the process name (comm, what ps, top
   // and pkill show) is taken from the executed path's basename.
   char self[PATH_MAX];
@@ -105,8 +108,13 @@ std::string DescribeBlasSetup() {
                        absl::string_view(coretype != nullptr ? coretype : "") == "SkylakeX" ? "AVX-512" : "AVX2",
                        ")");
   }
+  std::string unset = "(unset: OpenBLAS's own detection)";
+  if (const std::string better = ChooseBlasCoretype(core, DetectCpuFeatures()); !better.empty()) {
+    unset = absl::StrCat("(unset: OpenBLAS's own detection fell back to ", core,
+                         " on this CPU; export OPENBLAS_CORETYPE=", better, " for its kernels)");
+  }
   return absl::StrCat("OpenBLAS core ", core, "; OPENBLAS_CORETYPE=",
-                      coretype != nullptr ? absl::StrCat(coretype, why) : "(unset: OpenBLAS's own detection)",
+                      coretype != nullptr ? absl::StrCat(coretype, why) : unset,
                       "; OPENBLAS_THREAD_TIMEOUT=",
                       timeout != nullptr ? absl::StrCat(timeout, set_timeout) : "(unset: workers spin after each call)");
 }

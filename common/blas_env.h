@@ -15,8 +15,8 @@
 // OpenBLAS reads both only when it is initialised, before main (and a setenv before
 // that cannot stick: a .preinit_array entry runs before libc's initialiser, which
 // resets environ; a constructor runs after OpenBLAS's). So a main calls this first
-// thing: when either needs setting it sets them and re-executes the program once
-// (same argv); otherwise it returns at once. The container entrypoint exports both
+// thing: when OPENBLAS_THREAD_TIMEOUT is unset it sets both and re-executes the program
+// once (same argv); otherwise it returns at once. The container entrypoint exports both
 // (deploy/docker-entrypoint.sh), so the server never re-execs there.
 //
 //   int main(int argc, char** argv) {
@@ -30,11 +30,13 @@
 
 namespace echokv {
 
-// Sets OPENBLAS_THREAD_TIMEOUT=4 when unset and OPENBLAS_CORETYPE per
-// ChooseBlasCoretype (from OpenBLAS's own choice) when unset, and re-execs this program (the path /proc/self/exe
-// points to, so the process keeps its name) when it set either. Returns without
-// re-exec when nothing needed setting, when ECHOKV_NO_REEXEC is set, or when the exec
-// fails (then only speed is affected).
+// When OPENBLAS_THREAD_TIMEOUT is unset: sets it to 4, sets OPENBLAS_CORETYPE per
+// ChooseBlasCoretype (from OpenBLAS's own choice) when that is unset too, and re-execs
+// this program (the path /proc/self/exe points to, so the process keeps its name).
+// Returns without re-exec when OPENBLAS_THREAD_TIMEOUT is already set (an environment
+// set up on purpose starts ~0.7 s sooner; DescribeBlasSetup then says what to export
+// if OpenBLAS fell back to an old core), when ECHOKV_NO_REEXEC is set, or when the
+// exec fails (then only speed is affected).
 void ConfigureBlasWorkersOrReexec(char** argv);
 
 // The core OPENBLAS_CORETYPE should name, or "" to leave OpenBLAS's own choice:

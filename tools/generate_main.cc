@@ -9,6 +9,7 @@
 // With --json it prints one JSON object:
 //   {"prompt_ids":[…],"output_ids":[…],"text":"…","stop_reason":"length|eos|stop_id",
 //    "timings_ms":{"prefill":…,"compression":…,"decode":…},"compression":{…report…},
+//    "runtime":{"threads":N,"blas":"OpenBLAS core …","attention_kernel":"avx512|avx2|scalar"},
 //    "retained":[[positions of group 0 of layer 0],…]}   (retained with --dump-retained)
 // Without --json the text streams to stdout and a summary goes to stderr.
 // Errors go to stderr with exit code 1 (2 for usage errors).
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "common/blas_env.h"
+#include "kernels/attention.h"
 #include "common/default_model.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -238,6 +240,11 @@ absl::Status Run() {
       j["logprobs"] = lp;
     }
     j["timings_ms"] = {{"prefill", prefill_ms}, {"compression", compression_ms}, {"decode", Ms(t1, t2)}};
+    // What this process chose at start (threads, OpenBLAS core and who set it, the
+    // attention kernel build): the model's load line, which scripts do not see.
+    j["runtime"] = {{"threads", model->pool_trace().threads},
+                    {"blas", echokv::DescribeBlasSetup()},
+                    {"attention_kernel", echokv::kernels::AttentionIsa()}};
     j["compression"] = nlohmann::ordered_json::parse(echokv::compression::ReportToJson(ctx.report));
     if (absl::GetFlag(FLAGS_dump_retained)) {
       // Positions held after compression (before generation appended anything):

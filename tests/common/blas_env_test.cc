@@ -76,6 +76,19 @@ TEST(BlasCoretypeTest, DescribeSaysWhatWasSetAndWhy) {
     EXPECT_NE(user.find("OPENBLAS_CORETYPE=SkylakeX (from the environment)"), std::string::npos) << user;
     EXPECT_EQ(user.find("set by echokv"), std::string::npos) << user;
   }
+  // Left to OpenBLAS: the line names its choice, and what to export when it fell back.
+  ASSERT_EQ(unsetenv("OPENBLAS_CORETYPE"), 0);
+  const std::string own = DescribeBlasSetup();
+  EXPECT_NE(own.find("OPENBLAS_CORETYPE=(unset: OpenBLAS's own detection"), std::string::npos) << own;
+  const std::string core = own.substr(14, own.find(';') - 14);  // "OpenBLAS core <name>;"
+  const std::string better = ChooseBlasCoretype(core, DetectCpuFeatures());
+  if (!better.empty()) {
+    EXPECT_NE(own.find("fell back to " + core + " on this CPU; export OPENBLAS_CORETYPE=" + better),
+              std::string::npos)
+        << own;
+  } else {
+    EXPECT_EQ(own.find("export"), std::string::npos) << own;
+  }
 }
 
 }  // namespace

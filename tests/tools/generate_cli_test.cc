@@ -49,6 +49,32 @@ TEST_F(GenerateCliTest, JsonHasTheDocumentedFieldsAndReproducesGolden) {
   EXPECT_EQ(j.at("compression").at("policy"), "full");
 }
 
+// The start-up choice of OpenBLAS settings (common/blas_env.h), as --json reports it:
+// with OPENBLAS_THREAD_TIMEOUT already set the process starts without re-exec (and so
+// leaves the core to OpenBLAS); with nothing set it re-execs once and sets both.
+TEST_F(GenerateCliTest, RuntimeSaysWhatStartUpChoseAndReexecsOnlyWhenNeeded) {
+  const std::string args = " " + std::string(ECHOKV_GENERATE_BIN) + " --model " + model_ +
+                           " --prompt-ids 1,403,407 --max-tokens 1 --json";
+  testing::CommandResult set = testing::RunCommand(
+      "env -u OPENBLAS_CORETYPE -u ECHOKV_BLAS_SET -u ECHOKV_NO_REEXEC OPENBLAS_THREAD_TIMEOUT=4" + args);
+  ASSERT_EQ(set.exit_code, 0) << set.err;
+  const nlohmann::json rt = nlohmann::json::parse(set.out).at("runtime");
+  EXPECT_GE(rt.at("threads").get<int>(), 1);
+  const std::string kernel = rt.at("attention_kernel");
+  EXPECT_TRUE(kernel == "avx512" || kernel == "avx2" || kernel == "scalar") << kernel;
+  const std::string blas = rt.at("blas");
+  EXPECT_EQ(blas.rfind("OpenBLAS core ", 0), 0u) << blas;
+  EXPECT_NE(blas.find("OPENBLAS_CORETYPE=(unset: OpenBLAS's own detection"), std::string::npos) << blas;
+  EXPECT_NE(blas.find("OPENBLAS_THREAD_TIMEOUT=4"), std::string::npos) << blas;
+  EXPECT_EQ(blas.find("set by echokv"), std::string::npos) << blas;  // no re-exec
+
+  testing::CommandResult unset = testing::RunCommand(
+      "env -u OPENBLAS_CORETYPE -u OPENBLAS_THREAD_TIMEOUT -u ECHOKV_BLAS_SET -u ECHOKV_NO_REEXEC" + args);
+  ASSERT_EQ(unset.exit_code, 0) << unset.err;
+  const std::string reexec = nlohmann::json::parse(unset.out).at("runtime").at("blas");
+  EXPECT_NE(reexec.find("OPENBLAS_THREAD_TIMEOUT=4 (set by echokv, re-exec)"), std::string::npos) << reexec;
+}
+
 TEST_F(GenerateCliTest, CompressionReportAndRetainedDump) {
   testing::CommandResult r = RunCli("--model " + model_ +
                     " --prompt-ids 1,403,407,261,378,432,383,286,261,376,298,315,421,395,317,426,338,401,"
