@@ -40,9 +40,14 @@ struct Simd {
     return v;
   }
   static inline void Store(float* p, F v) { __builtin_memcpy(p, &v, sizeof(F)); }
+  // Lane by lane, not {} + x: that keeps a real add (0 + -0 is +0), one extra
+  // instruction per broadcast in the inner loops.
   static inline F Splat(float x) {
-    F v = {};
-    return v + x;
+    float lanes[W];
+    for (int i = 0; i < W; ++i) lanes[i] = x;
+    F v;
+    __builtin_memcpy(&v, lanes, sizeof(F));
+    return v;
   }
   static inline F Max(F a, F b) { return a > b ? a : b; }
   // (A one-float "vector" is a plain float in GCC, so lanes are read through memory.)
