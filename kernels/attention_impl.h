@@ -22,13 +22,14 @@
 #include <cstdint>
 
 #include "kernels/attention_isa.h"
+#include "kernels/exp2_poly.h"
 
 namespace echokv::kernels::attention_isa {
 namespace {
 
 constexpr int kWidth = ECHOKV_ATTENTION_WIDTH;
 constexpr float kNegInf = -__builtin_inff();
-constexpr float kLog2e = 1.44269504088896340736f;
+constexpr float kLog2e = exp2_poly::kLog2e;
 
 template <int W>
 struct Simd {
@@ -65,29 +66,23 @@ struct Simd {
     for (int i = 0; i < W; ++i) s += x[i];
     return s;
   }
-  // 2^x for x <= 0 (the softmax's arguments), relative error ~2e-7; x <= -127
-  // (and -inf) gives 0. x = n + f with n = round(x), |f| <= 1/2; 2^f by its degree-7
-  // Taylor polynomial in f ln 2 (remainder < 5e-9), 2^n by building the exponent bits.
+  // 2^x for x <= 0 (the softmax's arguments), kernels/exp2_poly.h; x <= -127 (and
+  // -inf) gives 0; 2^n by building the exponent bits.
   static inline F Exp2(F x) {
-    x = Max(x, Splat(-127.0f));
-    const F magic = Splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+    namespace e = exp2_poly;
+    x = Max(x, Splat(e::kMin));
+    const F magic = Splat(e::kRoundMagic);
     const F t = x + magic;
     const F n = t - magic;
     const F f = x - n;
-    F p = Splat(1.5252733804059840e-05f);
-    p = p * f + Splat(1.5403530393381608e-04f);
-    p = p * f + Splat(1.3333558146428443e-03f);
-    p = p * f + Splat(9.6181291076284772e-03f);
-    p = p * f + Splat(5.5504108664821580e-02f);
-    p = p * f + Splat(2.4022650695910071e-01f);
-    p = p * f + Splat(6.9314718055994531e-01f);
-    p = p * f + Splat(1.0f);
+    F p = Splat(e::kCoeffs[0]);
+    for (int k = 1; k < 8; ++k) p = p * f + Splat(e::kCoeffs[k]);
     I bits;
     __builtin_memcpy(&bits, &t, sizeof(I));
     // t's low mantissa bits hold n (+ 0x4B400000); n = -127 gives exponent 0: 2^n = 0.
-    const I e = (bits - 0x4B400000 + 127) << 23;
+    const I ebits = (bits - exp2_poly::kRoundMagicBits + 127) << 23;
     F scale;
-    __builtin_memcpy(&scale, &e, sizeof(F));
+    __builtin_memcpy(&scale, &ebits, sizeof(F));
     return p * scale;
   }
 };

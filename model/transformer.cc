@@ -20,6 +20,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/attention.h"
+#include "kernels/exp2_poly.h"
 #include "kernels/rope.h"
 #include "model/weights.h"
 
@@ -213,29 +214,22 @@ __attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) void
 
 // x[j] = exp(x[j] - mx) for n scores (all <= mx), returning their sum: the softmax of
 // one head's decode step. exp(z) = 2^(z log2 e) with 2^t = 2^round(t) * poly(frac) as
-// in kernels/attention_impl.h (relative error ~2e-7; z < -88 gives 0), written as a
+// of kernels/exp2_poly.h (relative error ~2e-7; z < -88 gives 0), written as a
 // plain loop that the AVX2/AVX-512 clones vectorise. libm's expf, one call per score,
 // was 8% of stories260K's decode (40 heads x every position per token).
 __attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) float ExpShiftSum(float* x, int64_t n,
                                                                                               float mx) {
-  constexpr float kLog2e = 1.44269504088896340736f;
-  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  namespace e = kernels::exp2_poly;
   for (int64_t j = 0; j < n; ++j) {
-    float t = (x[j] - mx) * kLog2e;
-    t = t < -127.0f ? -127.0f : t;
-    const float r = t + kMagic;
-    const float f = t - (r - kMagic);
-    float p = 1.5252733804059840e-05f;
-    p = p * f + 1.5403530393381608e-04f;
-    p = p * f + 1.3333558146428443e-03f;
-    p = p * f + 9.6181291076284772e-03f;
-    p = p * f + 5.5504108664821580e-02f;
-    p = p * f + 2.4022650695910071e-01f;
-    p = p * f + 6.9314718055994531e-01f;
-    p = p * f + 1.0f;
+    float t = (x[j] - mx) * e::kLog2e;
+    t = t < e::kMin ? e::kMin : t;
+    const float r = t + e::kRoundMagic;
+    const float f = t - (r - e::kRoundMagic);
+    float p = e::kCoeffs[0];
+    for (int k = 1; k < 8; ++k) p = p * f + e::kCoeffs[k];
     int32_t bits;
     __builtin_memcpy(&bits, &r, sizeof(bits));
-    bits = (bits - 0x4B400000 + 127) << 23;  // 2^round(t); round(t) = -127 gives 0
+    bits = (bits - e::kRoundMagicBits + 127) << 23;  // 2^round(t); round(t) = -127 gives 0
     float scale;
     __builtin_memcpy(&scale, &bits, sizeof(scale));
     x[j] = p * scale;
