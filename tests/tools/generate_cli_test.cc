@@ -69,10 +69,12 @@ TEST_F(GenerateCliTest, RuntimeSaysWhatStartUpChoseAndReexecsOnlyWhenNeeded) {
   EXPECT_EQ(blas.find("set by echokv"), std::string::npos) << blas;  // no re-exec
 
   testing::CommandResult unset = testing::RunCommand(
-      "env -u OPENBLAS_CORETYPE -u OPENBLAS_THREAD_TIMEOUT -u ECHOKV_BLAS_SET -u ECHOKV_NO_REEXEC" + args);
+      "env -u OPENBLAS_CORETYPE -u OPENBLAS_THREAD_TIMEOUT -u OMP_WAIT_POLICY -u ECHOKV_BLAS_SET -u ECHOKV_NO_REEXEC" +
+      args);
   ASSERT_EQ(unset.exit_code, 0) << unset.err;
   const std::string reexec = nlohmann::json::parse(unset.out).at("runtime").at("blas");
   EXPECT_NE(reexec.find("OPENBLAS_THREAD_TIMEOUT=4 (set by echokv, re-exec)"), std::string::npos) << reexec;
+  EXPECT_NE(reexec.find("OMP_WAIT_POLICY=passive (set by echokv, re-exec)"), std::string::npos) << reexec;
 }
 
 TEST_F(GenerateCliTest, CompressionReportAndRetainedDump) {
