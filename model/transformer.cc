@@ -20,7 +20,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/attention.h"
-#include "kernels/exp2_poly.h"
+#include "kernels/softmax.h"
 #include "kernels/rope.h"
 #include "model/weights.h"
 
@@ -210,42 +210,6 @@ __attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) void
     const float* v = values + j * d;
     for (int64_t i = 0; i < d; ++i) out[i] += w * v[i];
   }
-}
-
-// x[j] = exp(x[j] - mx) for n scores (all <= mx), returning their sum: the softmax of
-// one head's decode step. exp(z) = 2^(z log2 e) with 2^t = 2^round(t) * poly(frac) as
-// of kernels/exp2_poly.h (relative error ~2e-7; z < -88 gives 0), written as a
-// plain loop that the AVX2/AVX-512 clones vectorise. libm's expf, one call per score,
-// was 8% of stories260K's decode (40 heads x every position per token).
-__attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) float ExpShiftSum(float* x, int64_t n,
-                                                                                              float mx) {
-  namespace e = kernels::exp2_poly;
-  for (int64_t j = 0; j < n; ++j) {
-    float t = (x[j] - mx) * e::kLog2e;
-    t = t < e::kMin ? e::kMin : t;
-    const float r = t + e::kRoundMagic;
-    const float f = t - (r - e::kRoundMagic);
-    float p = e::kCoeffs[0];
-    for (int k = 1; k < 8; ++k) p = p * f + e::kCoeffs[k];
-    int32_t bits;
-    __builtin_memcpy(&bits, &r, sizeof(bits));
-    bits = (bits - e::kRoundMagicBits + 127) << 23;  // 2^round(t); round(t) = -127 gives 0
-    float scale;
-    __builtin_memcpy(&scale, &bits, sizeof(scale));
-    x[j] = p * scale;
-  }
-  constexpr int kLanes = 16;
-  float acc[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int i = 0; i < kLanes; ++i) acc[i] += x[j + i];
-  }
-  for (int width = kLanes / 2; width >= 1; width /= 2) {
-    for (int i = 0; i < width; ++i) acc[i] += acc[i + width];
-  }
-  float sum = acc[0];
-  for (; j < n; ++j) sum += x[j];
-  return sum;
 }
 
 // Multiply-adds below which a decode-path loop stays on the calling thread (a fork/join
@@ -447,7 +411,9 @@ struct Transformer::Impl {
     }
     float mx = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n; ++j) mx = std::max(mx, scores[j]);
-    const float den = ExpShiftSum(scores.data(), n, mx);  // masked scores (-inf) give 0
+    // exp by kernels/exp2_poly.h, vectorised: libm's expf, one call per score, was 8% of
+    // stories260K's decode (40 heads x every position per token).
+    const float den = kernels::ExpShiftSum(scores.data(), n, mx);  // masked scores (-inf) give 0
     const float inv_den = 1.0f / den;
     for (int64_t j = 0; j < n; ++j) scores[j] *= inv_den;
     WeightedSumRows(scores.data(), cache.ValueData(layer) + g * stride, n, d, out);
