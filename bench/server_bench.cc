@@ -9,9 +9,16 @@
 // compression) and then Generate: the TTFT from the CreateSession call to the first
 // generated token, what a new conversation waits. Also the KV memory of one session
 // with the policy vs the `full` policy (from GetSession / InspectCache figures).
+// With --llama_server and --llama_model (the same weights as GGUF), llama.cpp's
+// llama-server gets the same load in the same run, one server per level
+// (--parallel N --cont-batching), streamed from its HTTP /completion endpoint with the
+// same prompt ids and cache_prompt off: new requests on both sides, the prompt's prefill
+// included (bench/llama_server_peer.h).
 //
 //   build/bin/echokv-bench-server                                    # stories260K
 //   build/bin/echokv-bench-server --model DIR --clients 1,4,16 --max_tokens 64
+//   build/bin/echokv-bench-server --model DIR --policy full --prompt_tokens 256 --server_threads 2
+//       --llama_server PEER/build/bin/llama-server --llama_model PEER/models/m.gguf --llama_threads 2
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -46,6 +53,7 @@
 #include "absl/synchronization/barrier.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/llama_server_peer.h"
 #include "client/cli_util.h"
 #include "proto/echokv/v1/echokv.grpc.pb.h"
 
@@ -61,6 +69,14 @@ ABSL_FLAG(int, budget, 64, "Budget B of the sessions");
 ABSL_FLAG(int, lookahead, 8, "Lookahead T (laq, echokv)");
 ABSL_FLAG(int, prompt_repeat, 4, "Times the built-in story paragraph is repeated as context");
 ABSL_FLAG(int, server_threads, 0, "--threads of the server (0 = its default)");
+ABSL_FLAG(int, prompt_tokens, 0,
+          "> 0: the context is these many token ids (BOS, then (i * 7919 + 13) % 512: valid in any vocabulary of "
+          ">= 512) instead of the story text; required with --llama_server, which is sent the same ids");
+ABSL_FLAG(std::string, llama_server, "", "llama.cpp's llama-server binary: measure it beside echokv (optional)");
+ABSL_FLAG(std::string, llama_model, "", "GGUF file of the same weights for --llama_server");
+ABSL_FLAG(int, llama_threads, 2, "-t/-tb of llama-server");
+ABSL_FLAG(int, llama_ctx_per_slot, 0,
+          "context cells per llama-server slot (-c is this times N); 0 = prompt + max_tokens, rounded up to 256");
 
 namespace echokv::bench {
 namespace {
@@ -152,10 +168,10 @@ double Percentile(std::vector<double> values, double p) {
   return values[lo] + (rank - lo) * (values[hi] - values[lo]);
 }
 
-absl::StatusOr<v1::Session> CreateSession(v1::EchoKV::Stub& stub, const std::string& text,
+absl::StatusOr<v1::Session> CreateSession(v1::EchoKV::Stub& stub, const v1::Input& input,
                                           const std::string& policy, int budget, int lookahead) {
   v1::CreateSessionRequest request;
-  request.mutable_input()->set_text(text);
+  *request.mutable_input() = input;
   request.mutable_compression()->set_policy(policy);
   request.mutable_compression()->set_budget(budget);
   if (policy == "echokv" || policy == "laq") request.mutable_compression()->set_lookahead(lookahead);
@@ -228,7 +244,7 @@ struct ColdResult {
   std::string session_id;
 };
 
-ColdResult CreateAndStreamOnce(v1::EchoKV::Stub& stub, const std::string& text, const std::string& policy,
+ColdResult CreateAndStreamOnce(v1::EchoKV::Stub& stub, const v1::Input& text, const std::string& policy,
                                int budget, int lookahead, int max_tokens) {
   ColdResult result;
   const Clock::time_point start = Clock::now();
@@ -271,8 +287,19 @@ int Run() {
   const std::string policy = absl::GetFlag(FLAGS_policy);
   const int budget = absl::GetFlag(FLAGS_budget);
   const int lookahead = absl::GetFlag(FLAGS_lookahead);
-  std::string text;
-  for (int i = 0; i < absl::GetFlag(FLAGS_prompt_repeat); ++i) text += kStory;
+  v1::Input text;  // the context every session starts from
+  std::vector<int> prompt_ids;
+  if (absl::GetFlag(FLAGS_prompt_tokens) > 0) {
+    for (int i = 0; i < absl::GetFlag(FLAGS_prompt_tokens); ++i) prompt_ids.push_back(i == 0 ? 1 : (i * 7919 + 13) % 512);
+    for (int id : prompt_ids) text.mutable_tokens()->add_ids(id);
+  } else {
+    for (int i = 0; i < absl::GetFlag(FLAGS_prompt_repeat); ++i) text.mutable_text()->append(kStory);
+  }
+  const std::string llama_server = absl::GetFlag(FLAGS_llama_server);
+  if (!llama_server.empty() && (prompt_ids.empty() || absl::GetFlag(FLAGS_llama_model).empty())) {
+    std::fprintf(stderr, "echokv-bench-server: --llama_server needs --llama_model and --prompt_tokens > 0\n");
+    return 2;
+  }
 
   char dir_template[] = "/tmp/echokv-bench-server.XXXXXX";
   if (mkdtemp(dir_template) == nullptr) {
@@ -342,7 +369,7 @@ int Run() {
                 "compression).\n\n");
     std::printf("| clients | tokens/s (aggregate) | TTFT p50 | TTFT p99 | inter-token p50 | inter-token p99 |\n");
     std::printf("|---:|---:|---:|---:|---:|---:|\n");
-    std::string cold_table;
+    std::string cold_table, peer_table;
     for (int n : levels) {
       std::vector<std::string> ids;
       for (int i = 0; i < n && exit_code == 0; ++i) {
@@ -389,7 +416,9 @@ int Run() {
       std::fflush(stdout);
 
       // New conversations: N clients at once create their session and generate.
-      std::vector<double> cold_ttft, create;
+      std::vector<double> cold_ttft, create, cold_itl;
+      int64_t cold_tokens = 0;
+      double cold_wall_s = 0;
       for (int round = 0; round < rounds && exit_code == 0; ++round) {
         std::vector<ColdResult> results(n);
         absl::Barrier* barrier = new absl::Barrier(n + 1);  // deleted by the last Block()
@@ -400,8 +429,10 @@ int Run() {
             results[i] = CreateAndStreamOnce(*stub, text, policy, budget, lookahead, max_tokens);
           });
         }
+        const Clock::time_point start = Clock::now();
         if (barrier->Block()) delete barrier;
         for (std::thread& t : threads) t.join();
+        cold_wall_s += std::chrono::duration<double>(Clock::now() - start).count();
         for (const ColdResult& r : results) {
           if (!r.session_id.empty()) DeleteSession(*stub, r.session_id);
           if (!r.stream.status.ok()) {
@@ -410,19 +441,98 @@ int Run() {
           }
           cold_ttft.push_back(r.stream.ttft_s);
           create.push_back(r.create_s);
+          cold_tokens += r.stream.tokens;
+          cold_itl.insert(cold_itl.end(), r.stream.inter_token_s.begin(), r.stream.inter_token_s.end());
         }
       }
       if (exit_code != 0) break;
-      absl::StrAppendFormat(&cold_table, "| %d | %.2f ms | %.2f ms | %.2f ms | %.2f ms |\n", n,
-                            1e3 * Percentile(cold_ttft, 50), 1e3 * Percentile(cold_ttft, 99),
-                            1e3 * Percentile(create, 50), 1e3 * Percentile(create, 99));
+      absl::StrAppendFormat(&cold_table, "| %d | %.1f | %.2f ms | %.2f ms | %.2f ms | %.2f ms | %.3f ms | %.3f ms |\n",
+                            n, cold_tokens / cold_wall_s, 1e3 * Percentile(cold_ttft, 50),
+                            1e3 * Percentile(cold_ttft, 99), 1e3 * Percentile(create, 50),
+                            1e3 * Percentile(create, 99), 1e3 * Percentile(cold_itl, 50),
+                            1e3 * Percentile(cold_itl, 99));
+      if (llama_server.empty()) continue;
+
+      // The peer under the same load: N clients at once send the same prompt ids.
+      LlamaServerOptions peer_options;
+      peer_options.binary = llama_server;
+      peer_options.gguf = absl::GetFlag(FLAGS_llama_model);
+      peer_options.parallel = n;
+      peer_options.threads = absl::GetFlag(FLAGS_llama_threads);
+      peer_options.ctx_per_slot = absl::GetFlag(FLAGS_llama_ctx_per_slot) > 0
+                                      ? absl::GetFlag(FLAGS_llama_ctx_per_slot)
+                                      : (static_cast<int>(prompt_ids.size()) + max_tokens + 255) / 256 * 256;
+      absl::StatusOr<LlamaServer> peer = StartLlamaServer(peer_options, dir_template);
+      if (!peer.ok()) {
+        fail(peer.status());
+        break;
+      }
+      std::vector<double> peer_ttft, peer_itl;
+      int64_t peer_tokens = 0;
+      double peer_wall_s = 0;
+      for (int round = 0; round < rounds && exit_code == 0; ++round) {
+        std::vector<PeerStream> results(n);
+        absl::Barrier* barrier = new absl::Barrier(n + 1);  // deleted by the last Block()
+        std::vector<std::thread> threads;
+        for (int i = 0; i < n; ++i) {
+          threads.emplace_back([&, i] {
+            if (barrier->Block()) delete barrier;
+            results[i] = StreamLlamaCompletion(peer->port, prompt_ids, max_tokens, Clock::now());
+          });
+        }
+        const Clock::time_point start = Clock::now();
+        if (barrier->Block()) delete barrier;
+        for (std::thread& t : threads) t.join();
+        peer_wall_s += std::chrono::duration<double>(Clock::now() - start).count();
+        for (const PeerStream& r : results) {
+          if (!r.status.ok()) {
+            if (exit_code == 0) fail(absl::Status(r.status.code(), absl::StrCat(r.status.message(), " (llama-server log: ",
+                                                                               peer->log_path, ")")));
+            continue;
+          }
+          peer_tokens += r.tokens;
+          peer_ttft.push_back(r.ttft_s);
+          peer_itl.insert(peer_itl.end(), r.inter_token_s.begin(), r.inter_token_s.end());
+        }
+      }
+      // At the pinned llama.cpp commit llama-server aborts in its own SIGTERM cleanup
+      // ("terminate called without an active exception", 128 + SIGABRT) after serving
+      // everything: not a failure of the measurement.
+      if (const int peer_rc = StopLlamaServer(*peer); peer_rc != 0 && peer_rc != 128 + SIGTERM &&
+                                                      peer_rc != 128 + SIGABRT) {
+        std::fprintf(stderr, "echokv-bench-server: llama-server exited with %d (log %s)\n", peer_rc,
+                     peer->log_path.c_str());
+      }
+      if (exit_code != 0) break;
+      const double echokv_tps = cold_tokens / cold_wall_s, peer_tps = peer_tokens / peer_wall_s;
+      absl::StrAppendFormat(&peer_table,
+                            "| %d | %.1f | %.1f | %.2fx | %.2f / %.2f ms | %.2f / %.2f ms | %.3f / %.3f ms | "
+                            "%.3f / %.3f ms |\n",
+                            n, echokv_tps, peer_tps, echokv_tps / peer_tps, 1e3 * Percentile(cold_ttft, 50),
+                            1e3 * Percentile(cold_ttft, 99), 1e3 * Percentile(peer_ttft, 50),
+                            1e3 * Percentile(peer_ttft, 99), 1e3 * Percentile(cold_itl, 50),
+                            1e3 * Percentile(cold_itl, 99), 1e3 * Percentile(peer_itl, 50),
+                            1e3 * Percentile(peer_itl, 99));
+      std::fprintf(stderr, "level %d done (echokv %.1f tok/s, llama-server %.1f tok/s)\n", n, echokv_tps, peer_tps);
     }
     if (exit_code == 0) {
       std::printf("\nNew sessions: N clients at once call CreateSession (prefill + %s compression) then "
                   "Generate; TTFT = CreateSession call -> first generated token.\n\n",
                   policy.c_str());
-      std::printf("| clients | TTFT incl. CreateSession p50 | p99 | CreateSession alone p50 | p99 |\n");
-      std::printf("|---:|---:|---:|---:|---:|\n%s", cold_table.c_str());
+      std::printf("| clients | tokens/s (aggregate, prefill included) | TTFT incl. CreateSession p50 | p99 | "
+                  "CreateSession alone p50 | p99 | inter-token p50 | inter-token p99 |\n");
+      std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n%s", cold_table.c_str());
+    }
+    if (exit_code == 0 && !peer_table.empty()) {
+      std::printf("\nSide by side with llama.cpp's llama-server (%s, -t %d, --parallel N --cont-batching): N "
+                  "clients at once send a new request with the same %zu prompt ids (cache_prompt off) and stream "
+                  "%d tokens (greedy, EOS ignored); echokv = the new-session rounds above (policy %s). Aggregate "
+                  "tokens/s include each request's prefill; ratio = echokv / llama-server.\n\n",
+                  absl::GetFlag(FLAGS_llama_model).c_str(), absl::GetFlag(FLAGS_llama_threads), prompt_ids.size(),
+                  max_tokens, policy.c_str());
+      std::printf("| clients | echokv tok/s | llama-server tok/s | ratio | echokv TTFT p50 / p99 | llama-server TTFT "
+                  "p50 / p99 | echokv inter-token p50 / p99 | llama-server inter-token p50 / p99 |\n");
+      std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n%s", peer_table.c_str());
     }
   } while (false);
 
