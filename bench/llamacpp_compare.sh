@@ -1,0 +1,274 @@
+#!/usr/bin/env bash
+# echokv vs llama.cpp on the same weights, paired per repeat (issue 13 item 4, issue 14 item 8).
+#
+# 1. Builds llama.cpp (CPU, -DGGML_NATIVE=ON -DLLAMA_CURL=OFF, only the tools used) in a
+#    folder OUTSIDE the source tree (--peer-dir; skipped when the binaries are there).
+#    None of its code enters this repository.
+# 2. Exports both models with echokv-export-llama2c (HF -> llama2.c .bin, tokenizers
+#    too) and converts them with llama-convert-llama2c-to-ggml (GGUF, F32):
+#      stories260K    ($DATA/models/stories260K, tokenizer tok512 from its tokenizer.model)
+#      random40m      (bench_util's WriteRandomLlama(Bench40M(), 7), written by
+#                      echokv-bench-model --random40m; vocabulary: the 32000-token Mistral
+#                      v0.1 SentencePiece model in $DATA/tokenizers/mistral-7b-v0.2 — the
+#                      benchmark only feeds token ids, the vocabulary just has to fit)
+# 3. For each model x OPENBLAS_CORETYPE (Haswell, unset) x threads (1, 2) x repeat:
+#    echokv then llama.cpp, back to back, each timed command under flock $BENCH_LOCK:
+#      pp512 / tg128      echokv-bench-model --contexts 512 --decode 0 / --contexts 1 --decode 128
+#                         vs llama-bench -p 512 -n 128 -r 1
+#      prefill / decode   echokv-bench-model --contexts L --decode 64 (decode = the 64 tokens
+#      at context L       after an L-token prefill) vs llama-batched-bench -npp L -ntg 64 -npl 1
+#                         (L = 512, 2048; stories260K has 512 positions: L = 448)
+#    Medians of each engine, median (min-max) of the per-repeat ratios echokv/llama.cpp,
+#    and the 1-minute load average of every row.
+# 4. echokv-bench-server against echokv-server and llama-server in the same run
+#    (1/4/16/64 streams, the same prompt ids, 2 threads each).
+#
+# Usage:
+#   bench/llamacpp_compare.sh [--peer-dir DIR] [--build DIR] [--data DIR] [--out DIR]
+#                             [--llama-src DIR] [--repeats N] [--threads 1,2]
+#                             [--coretypes Haswell,unset] [--models stories260K,random40m]
+#                             [--clients 1,4,16,64] [--no-server] [--server-only] [--quick]
+#   --peer-dir   where llama.cpp is built and models are converted (default $HOME/.cache/echokv-peer;
+#                must be outside the repository)
+#   --llama-src  an existing llama.cpp checkout or source copy (default: git clone of
+#                github.com/ggerganov/llama.cpp at $LLAMA_CPP_COMMIT)
+#   --quick      1 repeat, 1 thread, Haswell only, clients 1,4 (a smoke test, not figures)
+# Environment: ECHOKV_BENCH_LOCK (default /work/.bench.lock, else /tmp/echokv-bench.lock).
+set -euo pipefail
+
+LLAMA_CPP_COMMIT="${LLAMA_CPP_COMMIT:-c392e5094deaf2d1a7c18683214f007fad3fe42b}"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PEER="${HOME:-/tmp}/.cache/echokv-peer"
+BUILD="$REPO/build"
+DATA="${ECHOKV_TEST_DATA:-$REPO/../shared}"
+OUT=""
+LLAMA_SRC=""
+REPEATS=3
+THREADS="1,2"
+CORETYPES="Haswell,unset"
+MODELS="stories260K,random40m"
+CLIENTS="1,4,16,64"
+RUN_MODEL=1
+RUN_SERVER=1
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --peer-dir) PEER="$2"; shift 2 ;;
+    --build) BUILD="$2"; shift 2 ;;
+    --data) DATA="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --llama-src) LLAMA_SRC="$2"; shift 2 ;;
+    --repeats) REPEATS="$2"; shift 2 ;;
+    --threads) THREADS="$2"; shift 2 ;;
+    --coretypes) CORETYPES="$2"; shift 2 ;;
+    --models) MODELS="$2"; shift 2 ;;
+    --clients) CLIENTS="$2"; shift 2 ;;
+    --no-server) RUN_SERVER=0; shift ;;
+    --server-only) RUN_MODEL=0; shift ;;
+    --quick) REPEATS=1; THREADS=1; CORETYPES=Haswell; CLIENTS=1,4; shift ;;
+    -h|--help) usage 0 ;;
+    *) echo "unknown argument: $1" >&2; usage 2 >&2 ;;
+  esac
+done
+
+say() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
+die() { echo "llamacpp_compare: $*" >&2; exit 1; }
+trap 'echo "llamacpp_compare: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
+
+mkdir -p "$PEER"
+PEER="$(cd "$PEER" && pwd)"
+case "$PEER/" in "$REPO/"*) die "--peer-dir $PEER is inside the repository; llama.cpp must stay outside it" ;; esac
+[[ -d "$DATA/models/stories260K" ]] || die "no $DATA/models/stories260K (give --data or ECHOKV_TEST_DATA)"
+BENCH_LOCK="${ECHOKV_BENCH_LOCK:-/work/.bench.lock}"
+[[ -d "$(dirname "$BENCH_LOCK")" && -w "$(dirname "$BENCH_LOCK")" ]] || BENCH_LOCK=/tmp/echokv-bench.lock
+OUT="${OUT:-$PEER/results-$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$OUT"
+LB="$PEER/build/bin"
+EB="$BUILD/bin"
+
+# ---- 1. the peer ----------------------------------------------------------------------
+PEER_TOOLS=(llama-bench llama-batched-bench llama-convert-llama2c-to-ggml llama-server)
+peer_built() { for t in "${PEER_TOOLS[@]}"; do [[ -x "$LB/$t" ]] || return 1; done; }
+if peer_built; then
+  say "llama.cpp: using the build in $PEER/build"
+else
+  if [[ ! -f "$PEER/src/CMakeLists.txt" ]]; then
+    if [[ -n "$LLAMA_SRC" ]]; then
+      say "llama.cpp: copying sources from $LLAMA_SRC"
+      mkdir -p "$PEER/src" && cp -a "$LLAMA_SRC/." "$PEER/src/"
+    else
+      say "llama.cpp: cloning github.com/ggerganov/llama.cpp at $LLAMA_CPP_COMMIT"
+      git clone -q https://github.com/ggerganov/llama.cpp "$PEER/src"
+      git -C "$PEER/src" checkout -q "$LLAMA_CPP_COMMIT"
+    fi
+  fi
+  say "llama.cpp: configuring and building ${PEER_TOOLS[*]} (-j2, nice; ~10 min on 2 cores)"
+  cmake -S "$PEER/src" -B "$PEER/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF >"$PEER/cmake.log" 2>&1 \
+    || die "cmake failed, see $PEER/cmake.log"
+  nice -n 10 cmake --build "$PEER/build" -j2 --target "${PEER_TOOLS[@]}" >"$PEER/build.log" 2>&1 \
+    || die "build failed, see $PEER/build.log"
+fi
+if [[ -f "$PEER/COMMIT" ]]; then
+  PEER_COMMIT="$(cat "$PEER/COMMIT")"
+else
+  PEER_COMMIT="$(git -C "$PEER/src" rev-parse HEAD 2>/dev/null || echo "unknown (not a git checkout)")"
+fi
+say "llama.cpp commit: $PEER_COMMIT"
+
+# ---- 2. echokv binaries, weights ----------------------------------------------------------
+ECHOKV_TOOLS=(echokv-bench-model echokv-export-llama2c echokv-bench-server echokv-server)
+for t in "${ECHOKV_TOOLS[@]}"; do
+  if [[ ! -x "$EB/$t" ]]; then
+    say "echokv: building ${ECHOKV_TOOLS[*]} in $BUILD"
+    cmake --build "$BUILD" -j2 --target "${ECHOKV_TOOLS[@]}" >&2
+    break
+  fi
+done
+M="$PEER/models"
+mkdir -p "$M"
+model_dir() { [[ "$1" == stories260K ]] && echo "$DATA/models/stories260K" || echo "$M/random40m"; }
+if [[ ",$MODELS," == *,random40m,* && ! -f "$M/random40m/model.safetensors" ]]; then
+  say "writing the random 40M llama (seed 7) to $M/random40m"
+  "$EB/echokv-bench-model" --random40m "$M/random40m" --contexts 1 --decode 1 --threads 1 \
+    --llama2c-runomp= --llama2c-run= --llama2c-runfast= >/dev/null
+fi
+# echokv-server wants a tokenizer beside the weights (the bench itself sends ids only).
+if [[ -d "$M/random40m" && ! -f "$M/random40m/tokenizer.model" ]]; then
+  cp "$DATA/tokenizers/mistral-7b-v0.2/tokenizer.model" "$M/random40m/tokenizer.model"
+fi
+convert() {  # model tokenizer.model
+  local name="$1" tok="$2"
+  [[ -f "$M/$name-f32.gguf" ]] && return
+  say "exporting $name to llama2.c format and converting it to GGUF"
+  "$EB/echokv-export-llama2c" --model "$(model_dir "$name")" --out "$M/$name.bin" \
+    --tokenizer-model "$tok" --tokenizer-out "$M/$name.tok.bin" >&2
+  "$LB/llama-convert-llama2c-to-ggml" --copy-vocab-from-model "$M/$name.tok.bin" \
+    --llama2c-model "$M/$name.bin" --llama2c-output-model "$M/$name-f32.gguf" >"$M/$name.convert.log" 2>&1 \
+    || die "conversion of $name failed, see $M/$name.convert.log"
+}
+IFS=, read -r -a MODEL_LIST <<<"$MODELS"
+for model in "${MODEL_LIST[@]}"; do
+  case "$model" in
+    stories260K) convert stories260K "$DATA/models/stories260K/tokenizer.model" ;;
+    random40m) convert random40m "$DATA/tokenizers/mistral-7b-v0.2/tokenizer.model" ;;
+    *) die "unknown model $model (stories260K, random40m)" ;;
+  esac
+done
+
+load1() { cut -d' ' -f1 /proc/loadavg; }
+# Every timed command waits for the machine's benchmark lock (other sessions' timed runs).
+locked() { flock "$BENCH_LOCK" "$@"; }
+# echokv-bench-model rows: context prefill decode ... -> "context prefill decode"
+echokv_rows() { awk '$1 ~ /^[0-9]+$/ && NF >= 3 { print $1, $2, $3 }'; }
+
+{
+  echo "# echokv vs llama.cpp — $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo
+  echo "- machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(uname -r)"
+  echo "- llama.cpp $PEER_COMMIT (CPU, GGML_NATIVE=ON, no BLAS), echokv $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "- OPENBLAS_CORETYPE in the caller's environment: ${OPENBLAS_CORETYPE:-(unset)}; load at start: $(cat /proc/loadavg)"
+  echo "- command: $0 --repeats $REPEATS --threads $THREADS --coretypes $CORETYPES --models $MODELS --clients $CLIENTS"
+} >"$OUT/header.md"
+
+# ---- 3. single-stream speed, paired per repeat ---------------------------------------------
+RAW="$OUT/raw.tsv"
+if [[ $RUN_MODEL == 1 ]]; then
+  printf 'model\tcoretype\tthreads\trepeat\tmetric\techokv\tllamacpp\tload1\n' >"$RAW"
+  IFS=, read -r -a THREAD_LIST <<<"$THREADS"
+  IFS=, read -r -a CORE_LIST <<<"$CORETYPES"
+  for model in "${MODEL_LIST[@]}"; do
+    dir="$(model_dir "$model")"
+    gguf="$M/$model-f32.gguf"
+    if [[ "$model" == stories260K ]]; then CTXS="448"; else CTXS="512,2048"; fi
+    max_ctx="${CTXS##*,}"
+    for core in "${CORE_LIST[@]}"; do
+      for t in "${THREAD_LIST[@]}"; do
+        for r in $(seq 1 "$REPEATS"); do
+          say "$model OPENBLAS_CORETYPE=$core threads=$t repeat $r/$REPEATS (load $(load1))"
+          if [[ "$core" == unset ]]; then CORE_ENV=(env -u OPENBLAS_CORETYPE); else CORE_ENV=(env OPENBLAS_CORETYPE="$core"); fi
+          EK=(--model "$dir" --threads "$t" --llama2c-runomp= --llama2c-run= --llama2c-runfast=)
+          # pp512 / tg128
+          l="$(load1)"
+          e_pp="$(locked "${CORE_ENV[@]}" "$EB/echokv-bench-model" "${EK[@]}" --contexts 512 --decode 0 2>/dev/null \
+                  | echokv_rows | awk '{ print $2 }')"
+          e_tg="$(locked "${CORE_ENV[@]}" "$EB/echokv-bench-model" "${EK[@]}" --contexts 1 --decode 128 2>/dev/null \
+                  | echokv_rows | awk '{ print $3 }')"
+          lb="$(locked "${CORE_ENV[@]}" "$LB/llama-bench" -m "$gguf" -p 512 -n 128 -t "$t" -r 1 -o csv 2>/dev/null)"
+          l_pp="$(echo "$lb" | python3 -c 'import csv,sys; print(*[r["avg_ts"] for r in csv.DictReader(sys.stdin) if r["n_prompt"]=="512"])')"
+          l_tg="$(echo "$lb" | python3 -c 'import csv,sys; print(*[r["avg_ts"] for r in csv.DictReader(sys.stdin) if r["n_gen"]=="128"])')"
+          printf '%s\t%s\t%s\t%s\tpp512\t%s\t%s\t%s\n' "$model" "$core" "$t" "$r" "$e_pp" "$l_pp" "$l" >>"$RAW"
+          printf '%s\t%s\t%s\t%s\ttg128\t%s\t%s\t%s\n' "$model" "$core" "$t" "$r" "$e_tg" "$l_tg" "$l" >>"$RAW"
+          # prefill / decode at context L
+          l="$(load1)"
+          erows="$(locked "${CORE_ENV[@]}" "$EB/echokv-bench-model" "${EK[@]}" --contexts "$CTXS" --decode 64 2>/dev/null \
+                   | echokv_rows)"
+          lrows="$(locked "${CORE_ENV[@]}" "$LB/llama-batched-bench" -m "$gguf" -c $((max_ctx + 64)) -b 2048 \
+                   -npp "$CTXS" -ntg 64 -npl 1 -t "$t" --output-format jsonl 2>/dev/null | grep '^{' || true)"
+          IFS=, read -r -a CL <<<"$CTXS"
+          for L in "${CL[@]}"; do
+            e="$(echo "$erows" | awk -v L="$L" '$1 == L { print $2, $3 }')"
+            lj="$(echo "$lrows" | python3 -c "import json,sys
+for line in sys.stdin:
+    j = json.loads(line)
+    if j['pp'] == $L: print(j['speed_pp'], j['speed_tg'])")"
+            printf '%s\t%s\t%s\t%s\tprefill@%s\t%s\t%s\t%s\n' "$model" "$core" "$t" "$r" "$L" "${e% *}" "${lj% *}" "$l" >>"$RAW"
+            printf '%s\t%s\t%s\t%s\tdecode@%s\t%s\t%s\t%s\n' "$model" "$core" "$t" "$r" "$L" "${e#* }" "${lj#* }" "$l" >>"$RAW"
+          done
+          tail -n +2 "$RAW" | awk -F'\t' -v m="$model" -v c="$core" -v t="$t" -v r="$r" \
+            '$1==m && $2==c && $3==t && $4==r && $6>0 && $7>0 { printf "    %-12s echokv %9.1f  llama.cpp %9.1f  ratio %5.2f  load %s\n", $5, $6, $7, $6/$7, $8 }' >&2
+        done
+      done
+    done
+  done
+  python3 - "$RAW" >"$OUT/model.md" <<'PY'
+import csv, statistics, sys
+rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+groups = {}
+for r in rows:
+    groups.setdefault((r["model"], r["coretype"], r["threads"], r["metric"]), []).append(r)
+print("| model | OPENBLAS_CORETYPE | threads | metric | echokv tok/s (median) | llama.cpp tok/s (median) "
+      "| ratio echokv/llama.cpp: median of pairs (min–max) | load1 (min–max) |")
+print("|---|---|---:|---|---:|---:|---|---|")
+def num(x):
+    try:
+        return float(x)
+    except ValueError:
+        return 0.0
+for (model, core, threads, metric), rs in groups.items():
+    e = [num(r["echokv"]) for r in rs]
+    l = [num(r["llamacpp"]) for r in rs]
+    ratios = [a / b for a, b in zip(e, l) if a > 0 and b > 0]
+    loads = [num(r["load1"]) for r in rs]
+    rtxt = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}–{max(ratios):.2f})" if ratios else "–"
+    print(f"| {model} | {core} | {threads} | {metric} | {statistics.median(e):.1f} | {statistics.median(l):.1f} "
+          f"| {rtxt} | {min(loads):.2f}–{max(loads):.2f} |")
+PY
+  say "single-stream table: $OUT/model.md"
+fi
+
+# ---- 4. serving: echokv-server vs llama-server --------------------------------------------
+if [[ $RUN_SERVER == 1 ]]; then
+  : >"$OUT/server.md"
+  for model in "${MODEL_LIST[@]}"; do
+    say "serving benchmark on $model, clients $CLIENTS (OPENBLAS_CORETYPE=Haswell, 2 threads each)"
+    {
+      echo "### $model (load at start $(load1))"
+      echo
+      locked env OPENBLAS_CORETYPE=Haswell "$EB/echokv-bench-server" --model "$(model_dir "$model")" \
+        --server_binary "$EB/echokv-server" --policy full --prompt_tokens 256 --max_tokens 64 --rounds 2 \
+        --clients "$CLIENTS" --server_threads 2 --llama_server "$LB/llama-server" \
+        --llama_model "$M/$model-f32.gguf" --llama_threads 2
+      echo
+      echo "(load at end $(load1))"
+      echo
+    } >>"$OUT/server.md"
+  done
+  say "serving tables: $OUT/server.md"
+fi
+
+cat "$OUT/header.md"
+[[ -f "$OUT/model.md" ]] && { echo; cat "$OUT/model.md"; }
+[[ -f "$OUT/server.md" ]] && { echo; cat "$OUT/server.md"; }
+say "done; results in $OUT"
