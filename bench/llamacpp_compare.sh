@@ -27,7 +27,8 @@
 #   bench/llamacpp_compare.sh [--peer-dir DIR] [--build DIR] [--data DIR] [--out DIR]
 #                             [--llama-src DIR] [--repeats N] [--threads 1,2]
 #                             [--coretypes Haswell,unset] [--models stories260K,random40m]
-#                             [--clients 1,4,16,64] [--no-server] [--server-only] [--quick]
+#                             [--clients 1,4,16,64] [--server-rounds 2] [--no-server] [--server-only]
+#                             [--quick]
 #   --peer-dir   where llama.cpp is built and models are converted (default $HOME/.cache/echokv-peer;
 #                must be outside the repository)
 #   --llama-src  an existing llama.cpp checkout or source copy (default: git clone of
@@ -48,6 +49,7 @@ THREADS="1,2"
 CORETYPES="Haswell,unset"
 MODELS="stories260K,random40m"
 CLIENTS="1,4,16,64"
+SERVER_ROUNDS=2
 RUN_MODEL=1
 RUN_SERVER=1
 
@@ -64,6 +66,7 @@ while [[ $# -gt 0 ]]; do
     --coretypes) CORETYPES="$2"; shift 2 ;;
     --models) MODELS="$2"; shift 2 ;;
     --clients) CLIENTS="$2"; shift 2 ;;
+    --server-rounds) SERVER_ROUNDS="$2"; shift 2 ;;
     --no-server) RUN_SERVER=0; shift ;;
     --server-only) RUN_MODEL=0; shift ;;
     --quick) REPEATS=1; THREADS=1; CORETYPES=Haswell; CLIENTS=1,4; shift ;;
@@ -169,7 +172,7 @@ echokv_rows() { awk '$1 ~ /^[0-9]+$/ && NF >= 3 { print $1, $2, $3 }'; }
   echo "- machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(uname -r)"
   echo "- llama.cpp $PEER_COMMIT (CPU, GGML_NATIVE=ON, no BLAS), echokv $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
   echo "- OPENBLAS_CORETYPE in the caller's environment: ${OPENBLAS_CORETYPE:-(unset)}; load at start: $(cat /proc/loadavg)"
-  echo "- command: $0 --repeats $REPEATS --threads $THREADS --coretypes $CORETYPES --models $MODELS --clients $CLIENTS"
+  echo "- command: $0 --repeats $REPEATS --threads $THREADS --coretypes $CORETYPES --models $MODELS --clients $CLIENTS --server-rounds $SERVER_ROUNDS"
 } >"$OUT/header.md"
 
 # ---- 3. single-stream speed, paired per repeat ---------------------------------------------
@@ -257,7 +260,7 @@ if [[ $RUN_SERVER == 1 ]]; then
       echo "### $model (load at start $(load1))"
       echo
       locked env OPENBLAS_CORETYPE=Haswell "$EB/echokv-bench-server" --model "$(model_dir "$model")" \
-        --server_binary "$EB/echokv-server" --policy full --prompt_tokens 256 --max_tokens 64 --rounds 2 \
+        --server_binary "$EB/echokv-server" --policy full --prompt_tokens 256 --max_tokens 64 --rounds "$SERVER_ROUNDS" \
         --clients "$CLIENTS" --server_threads 2 --llama_server "$LB/llama-server" \
         --llama_model "$M/$model-f32.gguf" --llama_threads 2
       echo
