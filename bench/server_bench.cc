@@ -307,7 +307,9 @@ int Run() {
     return 1;
   }
   absl::StatusOr<ServerProcess> server =
-      StartServer(binary, model, dir_template, absl::GetFlag(FLAGS_server_threads), max_level + 4);
+      // Twice the largest level: a finished stream's slot is released when its handler
+      // ends, which on a loaded machine can lag the client's next round by a moment.
+      StartServer(binary, model, dir_template, absl::GetFlag(FLAGS_server_threads), 2 * max_level + 4);
   if (!server.ok()) {
     std::fprintf(stderr, "echokv-bench-server: %s\n", server.status().ToString().c_str());
     return 1;
