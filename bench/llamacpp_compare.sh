@@ -19,7 +19,12 @@
 #      at context L       after an L-token prefill) vs llama-batched-bench -npp L -ntg 64 -npl 1
 #                         (L = 512, 2048; stories260K has 512 positions: L = 448)
 #    Medians of each engine, median (min-max) of the per-repeat ratios echokv/llama.cpp,
-#    and the 1-minute load average of every row.
+#    and the 1-minute load average of every row. OPENBLAS_CORETYPE only affects echokv
+#    (llama.cpp is built without BLAS); with it unset, echokv's start-up picks the core
+#    itself when OpenBLAS fell back to a pre-AVX2 one, unless OPENBLAS_THREAD_TIMEOUT is
+#    already set in the environment (common/blas_env.h).
+#    Two-thread rows on a busy 2-core machine measure the contention, not the engines:
+#    check the load column.
 # 4. echokv-bench-server against echokv-server and llama-server in the same run
 #    (1/4/16/64 streams, the same prompt ids, 2 threads each).
 #
