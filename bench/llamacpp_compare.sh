@@ -105,10 +105,13 @@ else
     if [[ -n "$LLAMA_SRC" ]]; then
       say "llama.cpp: copying sources from $LLAMA_SRC"
       mkdir -p "$PEER/src" && cp -a "$LLAMA_SRC/." "$PEER/src/"
+      # A plain source copy has no history: record the commit when the source can tell.
+      git -C "$LLAMA_SRC" rev-parse HEAD >"$PEER/COMMIT" 2>/dev/null || rm -f "$PEER/COMMIT"
     else
       say "llama.cpp: cloning github.com/ggerganov/llama.cpp at $LLAMA_CPP_COMMIT"
       git clone -q https://github.com/ggerganov/llama.cpp "$PEER/src"
       git -C "$PEER/src" checkout -q "$LLAMA_CPP_COMMIT"
+      echo "$LLAMA_CPP_COMMIT" >"$PEER/COMMIT"
     fi
   fi
   say "llama.cpp: configuring and building ${PEER_TOOLS[*]} (-j2, nice; ~10 min on 2 cores)"
@@ -121,7 +124,7 @@ fi
 if [[ -f "$PEER/COMMIT" ]]; then
   PEER_COMMIT="$(cat "$PEER/COMMIT")"
 else
-  PEER_COMMIT="$(git -C "$PEER/src" rev-parse HEAD 2>/dev/null || echo "unknown (not a git checkout)")"
+  PEER_COMMIT="unknown (a source copy without git; write the commit to $PEER/COMMIT)"
 fi
 say "llama.cpp commit: $PEER_COMMIT"
 
