@@ -89,6 +89,28 @@ std::vector<std::string> ShimCandidates() {
   return paths;
 }
 
+// ASan and UBSan builds (scripts/test.sh --sanitize, tests/fuzz): the sanitizer runtimes
+// refuse RTLD_DEEPBIND and abort the process (google/sanitizers#611). There the module
+// goes into a link namespace of its own instead (dlmopen LM_ID_NEWLM): SentencePiece and
+// its private protobuf still see nothing of the process's libprotobuf, which is the
+// isolation DEEPBIND gives. The module is built without sanitizers for this (a new
+// namespace has no sanitizer runtime), and it frees what it allocates (free_fn).
+#if defined(__SANITIZE_ADDRESS__)
+#define ECHOKV_SPM_NEW_NAMESPACE 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
+#define ECHOKV_SPM_NEW_NAMESPACE 1
+#endif
+#endif
+
+void* OpenModule(const std::string& path) {
+#ifdef ECHOKV_SPM_NEW_NAMESPACE
+  return dlmopen(LM_ID_NEWLM, path.c_str(), RTLD_NOW | RTLD_LOCAL);
+#else
+  return dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+#endif
+}
+
 template <typename Fn>
 absl::Status Resolve(void* handle, const std::string& path, const char* name, Fn* out) {
   void* sym = dlsym(handle, name);
@@ -115,7 +137,7 @@ absl::StatusOr<SpmApi> LoadApi() {
       }
       continue;
     }
-    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    void* handle = OpenModule(path);
     if (handle == nullptr) {
       const char* why = dlerror();
       return absl::FailedPreconditionError(absl::StrCat(

@@ -324,7 +324,7 @@ absl::StatusOr<SegmentFixed> DecodeSegmentFixed(absl::string_view bytes,
   ECHOKV_RETURN_IF_ERROR(CheckMagicAndVersion(bytes, kSegmentMagic, what, &f.version));
   const char* p = bytes.data();
   f.header_xxh3 = GetU64(p + 120);
-  if (Xxh3(bytes.substr(0, 120)) != f.header_xxh3) {
+  if (!ChecksumMatches(Xxh3(bytes.substr(0, 120)), f.header_xxh3)) {
     return KindError(ErrorKind::kChecksum, absl::StrCat(what, ": segment header checksum mismatch"));
   }
   f.flags = GetU32(p + 12);
@@ -361,7 +361,7 @@ absl::StatusOr<std::vector<BlobInfo>> DecodeBlobTable(absl::string_view bytes,
                      absl::StrCat(what, ": blob table has ", bytes.size(), " bytes, expected ", want));
   }
   absl::string_view table = bytes.substr(0, fixed.table_bytes);
-  if (Xxh3(table) != fixed.table_xxh3) {
+  if (!ChecksumMatches(Xxh3(table), fixed.table_xxh3)) {
     return KindError(ErrorKind::kChecksum, absl::StrCat(what, ": blob table checksum mismatch"));
   }
   auto bad = [&](absl::string_view why) {
@@ -474,7 +474,7 @@ absl::StatusOr<ManifestFixed> DecodeManifestFixed(absl::string_view bytes,
   ManifestFixed f;
   ECHOKV_RETURN_IF_ERROR(CheckMagicAndVersion(bytes, kManifestMagic, what, &f.version));
   const char* p = bytes.data();
-  if (Xxh3(bytes.substr(0, 56)) != GetU64(p + 56)) {
+  if (!ChecksumMatches(Xxh3(bytes.substr(0, 56)), GetU64(p + 56))) {
     return KindError(ErrorKind::kChecksum, absl::StrCat(what, ": manifest header checksum mismatch"));
   }
   f.model = GetFingerprint(p + 16);
@@ -539,7 +539,7 @@ absl::StatusOr<SessionManifest> DecodeManifest(absl::string_view bytes,
                                                         " bytes after the end the header gives"));
   }
   absl::string_view body = bytes.substr(kManifestFixedBytes, bytes.size() - kManifestFixedBytes - 8);
-  if (Xxh3(body) != GetU64(bytes.data() + bytes.size() - 8)) {
+  if (!ChecksumMatches(Xxh3(body), GetU64(bytes.data() + bytes.size() - 8))) {
     return KindError(ErrorKind::kChecksum, absl::StrCat(what, ": manifest checksum mismatch"));
   }
   absl::string_view json_text = body.substr(0, f.json_bytes);
@@ -643,7 +643,7 @@ absl::StatusOr<SnapshotHeader> DecodeSnapshotHeader(absl::string_view bytes,
                                                       " is not supported (this build reads version ",
                                                       kFormatVersion, ")"));
   }
-  if (Xxh3(bytes.substr(0, 56)) != GetU64(bytes.data() + 56)) {
+  if (!ChecksumMatches(Xxh3(bytes.substr(0, 56)), GetU64(bytes.data() + 56))) {
     return absl::DataLossError("snapshot: header checksum mismatch");
   }
   if (GetU32(bytes.data() + 12) != 0 || GetU64(bytes.data() + 48) != 0) {
@@ -671,14 +671,14 @@ std::string EncodeSnapshotTrailer(uint64_t bytes_before, uint64_t stream_xxh3) {
 absl::Status CheckSnapshotTrailer(absl::string_view bytes, uint64_t bytes_before,
                                   uint64_t stream_xxh3) {
   if (bytes.size() != kSnapshotTrailerBytes || bytes.substr(0, 8) != kTrailerMagic ||
-      Xxh3(bytes.substr(0, 24)) != GetU64(bytes.data() + 24)) {
+      !ChecksumMatches(Xxh3(bytes.substr(0, 24)), GetU64(bytes.data() + 24))) {
     return absl::DataLossError("snapshot: bad trailer");
   }
   if (GetU64(bytes.data() + 8) != bytes_before) {
     return absl::DataLossError(absl::StrCat("snapshot: trailer says ", GetU64(bytes.data() + 8),
                                             " bytes came before it, there were ", bytes_before));
   }
-  if (GetU64(bytes.data() + 16) != stream_xxh3) {
+  if (!ChecksumMatches(stream_xxh3, GetU64(bytes.data() + 16))) {
     return absl::DataLossError("snapshot: stream checksum mismatch");
   }
   return absl::OkStatus();

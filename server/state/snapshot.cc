@@ -87,7 +87,7 @@ absl::StatusOr<bool> SnapshotExporter::Next(std::string* chunk) {
     offset_ += n;
     if (offset_ == part.size) {
       if (part.fd >= 0) {
-        if (payload_hash_->Digest() != part.payload_xxh3) {
+        if (!internal::ChecksumMatches(payload_hash_->Digest(), part.payload_xxh3)) {
           status_ = internal::KindError(ErrorKind::kChecksum,
                                         absl::StrCat(part.path, ": payload checksum mismatch"));
           if (observer_) observer_->OnStateError(ErrorKind::kChecksum);
@@ -408,7 +408,7 @@ absl::Status SnapshotImporter::WriteToSegment(absl::string_view bytes) {
 
 absl::Status SnapshotImporter::FinishSegment() {
   const SegmentInfo& info = manifest_.segments[segment_];
-  if (payload_hash_->Digest() != info.payload_xxh3) {
+  if (!internal::ChecksumMatches(payload_hash_->Digest(), info.payload_xxh3)) {
     return absl::DataLossError(absl::StrCat("snapshot segment ", info.seq, ": payload checksum mismatch"));
   }
   if (store_->options_.fsync == FsyncPolicy::kAlways) {

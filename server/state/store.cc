@@ -468,7 +468,7 @@ absl::Status StateStore::VerifyPayload(int fd, const std::string& path, const Se
     pos += static_cast<uint64_t>(n);
     left -= static_cast<uint64_t>(n);
   }
-  if (hash.Digest() != info.payload_xxh3) {
+  if (!internal::ChecksumMatches(hash.Digest(), info.payload_xxh3)) {
     return internal::KindError(ErrorKind::kChecksum, absl::StrCat(path, ": payload checksum mismatch"));
   }
   return absl::OkStatus();
