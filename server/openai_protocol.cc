@@ -136,7 +136,10 @@ class Fields {
 bool ParseBody(absl::string_view body, json* out, HttpError* error) {
   try {
     *out = json::parse(body.begin(), body.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error for malformed text, and out_of_range for a number beyond a double
+    // ("1e999": nlohmann throws error 406, not a parse_error): both a 400 naming the body,
+    // never an exception into the HTTP library (a 500). Found by tests/fuzz/fuzz_edge.
     *error = InvalidParam("", absl::StrCat("the request body is not valid JSON: ", e.what()), "invalid_json");
     error->param.clear();
     return false;

@@ -192,6 +192,26 @@ TEST(ParseChatRequest, MalformedJson) {
   }
 }
 
+// A number beyond a double makes nlohmann throw out_of_range (error 406), not a
+// parse_error: it must be the same 400 invalid_json, not an exception out of the parser
+// (fuzz_edge's first crash, the body "99999e9917360156...").
+TEST(ParseRequestBody, NumberOverflowIsInvalidJson) {
+  for (const char* body : {"99999e9917360156", "{\"model\": \"m\", \"max_tokens\": 1e999}",
+                           "{\"messages\": [], \"temperature\": -4e400}"}) {
+    ChatRequest chat;
+    HttpError e;
+    EXPECT_FALSE(ParseChatRequest(body, &chat, &e)) << body;
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_EQ(e.code, "invalid_json") << body;
+    EXPECT_THAT(e.message, ::testing::HasSubstr("number overflow")) << body;
+    CompletionRequest completion;
+    HttpError e2;
+    EXPECT_FALSE(ParseCompletionRequest(body, &completion, &e2)) << body;
+    EXPECT_EQ(e2.status, 400) << body;
+    EXPECT_EQ(e2.code, "invalid_json") << body;
+  }
+}
+
 TEST(ParseCompletionRequest, PromptForms) {
   struct Case {
     json prompt;
