@@ -90,8 +90,11 @@ compression::CompressionConfig Cfg(compression::PolicyKind k) {
 
 // Synchronous wrappers over one engine.
 struct Server {
-  std::unique_ptr<Engine> engine;
+  // Declared before the engine, so destroyed after it: the engine thread reads the clock
+  // until the engine is gone (in the other order the sanitized build reports a call
+  // through the destroyed clock's vptr from Engine::Impl::Heartbeat).
   FakeClock clock;
+  std::unique_ptr<Engine> engine;
 
   absl::Status Start(const std::string& state_dir, EngineObserver* obs, state::FileOps* ops = nullptr,
                      int64_t max_cold = int64_t{1} << 40) {

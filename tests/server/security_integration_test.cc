@@ -755,7 +755,15 @@ TEST(NoStallTest, FourMegabyteTextWhileEightStreamsRun) {
   // Memory returns: the refused text leaves no lasting growth (the unfixed server kept
   // +884 MiB).
   const int64_t rss_after = s.RssBytes();
-  EXPECT_LT(rss_after - rss_before, int64_t{128} << 20) << rss_before << " -> " << rss_after;
+#if defined(__SANITIZE_ADDRESS__)
+  // Under ASan (scripts/test.sh --sanitize) freed blocks wait in the allocator's
+  // quarantine (256 MiB by default) instead of going back: the server measured +241 MiB
+  // there. The unfixed server's +884 MiB still fails this bound.
+  constexpr int64_t kAllocatorSlack = int64_t{256} << 20;
+#else
+  constexpr int64_t kAllocatorSlack = 0;
+#endif
+  EXPECT_LT(rss_after - rss_before, (int64_t{128} << 20) + kAllocatorSlack) << rss_before << " -> " << rss_after;
 }
 
 }  // namespace
