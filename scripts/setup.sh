@@ -3,6 +3,7 @@
 # then configures and builds into build/ (binaries in build/bin/, tests in build/tests/).
 #   scripts/setup.sh            # install + build
 #   ECHOKV_SKIP_APT=1 scripts/setup.sh   # build only
+#   ECHOKV_BUILD_DIR=build-asan ECHOKV_CMAKE_ARGS=-DECHOKV_SANITIZE=ON scripts/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,7 @@ PACKAGES=(
   golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
   golang-github-xeipuuv-gojsonschema-dev python3-kubernetes python3-jsonschema python3-yaml
   python3-pip python3-setuptools python3-wheel python3-venv
+  clang libclang-rt-14-dev libfuzzer-14-dev
 )
 
 if [[ -z "${ECHOKV_SKIP_APT:-}" ]]; then
@@ -38,7 +40,9 @@ fi
 BUILD_DIR="${ECHOKV_BUILD_DIR:-build}"
 JOBS="${ECHOKV_JOBS:-$(nproc)}"
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
+  # ECHOKV_CMAKE_ARGS: extra configure arguments of a new build dir (test.sh --sanitize).
+  # shellcheck disable=SC2086
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${ECHOKV_CMAKE_ARGS:-}
 fi
 echo "setup: building in $BUILD_DIR with $JOBS jobs (first build takes several minutes)" >&2
 cmake --build "$BUILD_DIR" -j "$JOBS"
