@@ -72,7 +72,19 @@ double PyFloatMod(double a, double b) {
   return m;
 }
 
+// Upper bound on what `seq * n` may build (elements, or bytes of a string): templates
+// render prompts, far below it; a template's `'ab' * 9000000000000` is an error, not a
+// loop that runs for hours or exhausts memory (found reading the fuzzing results).
+constexpr int64_t kMaxRepeatSize = int64_t{16} << 20;
+
 Value Repeat(const Value& seq, int64_t n) {
+  const int64_t unit = seq.is_string() ? static_cast<int64_t>(seq.string_value().size())
+                                       : static_cast<int64_t>(seq.list_value().size());
+  if (n <= 0 || unit == 0) n = 0;  // Python: an empty result (no loop over a huge n)
+  if (n > 0 && unit > kMaxRepeatSize / n) {
+    Fail(absl::StrCat("repeating a sequence of ", unit, " ", n, " times exceeds the template limit of ",
+                      kMaxRepeatSize, " elements"));
+  }
   if (seq.is_string()) {
     std::string out;
     for (int64_t i = 0; i < n; ++i) out += seq.string_value();
@@ -668,6 +680,12 @@ Value Interpreter::Binary(const std::string& op, const Value& a, const Value& b)
     }
     if (op == "**") {
       if (ints && y >= 0) {
+        // Bases 0, 1 and -1 never overflow: answer them directly rather than multiply
+        // y times (1 ** 9000000000000 would loop for hours); |x| >= 2 overflows 64 bits
+        // within 63 steps.
+        if (x == 0) return Value(int64_t{y == 0 ? 1 : 0});
+        if (x == 1) return Value(int64_t{1});
+        if (x == -1) return Value(int64_t{y % 2 == 0 ? 1 : -1});
         __int128 r = 1;
         for (int64_t i = 0; i < y; ++i) {
           r *= x;

@@ -145,6 +145,13 @@ TEST(Template, LimitsAreErrorsNotCrashes) {
   EXPECT_THAT(R(long_sum + " }}"), HasSubstr("tag too long"));
   EXPECT_THAT(R("{{ range(200000)|length }}"), HasSubstr("Range too big"));
   EXPECT_THAT(R("{{ 2 ** 70 }}"), HasSubstr("beyond 64 bits"));
+  // Huge exponents and repeats answer at once (they looped once per unit before).
+  EXPECT_EQ(R("{{ 1 ** 9000000000000 }} {{ (-1) ** 9000000000001 }} {{ 0 ** 9000000000000 }} {{ 0 ** 0 }}"),
+            "1 -1 0 1");
+  EXPECT_EQ(R("[{{ '' * 9000000000000 }}][{{ ([] * 9000000000000)|length }}][{{ 'ab' * -3 }}]"), "[][0][]");
+  EXPECT_THAT(R("{{ 'ab' * 9000000000000 }}"), HasSubstr("exceeds the template limit"));
+  EXPECT_THAT(R("{{ [1, 2] * 9000000000 }}"), HasSubstr("exceeds the template limit"));
+  EXPECT_EQ(R("{{ 'ab' * 3 }}{{ ([0] * 4)|length }}"), "ababab4");
   EXPECT_THAT(Template::Create("\xff").status(), StatusIs(absl::StatusCode::kInvalidArgument, "invalid UTF-8"));
 }
 
