@@ -51,21 +51,6 @@ struct Simd {
     return v;
   }
   static inline F Max(F a, F b) { return a > b ? a : b; }
-  // (A one-float "vector" is a plain float in GCC, so lanes are read through memory.)
-  static inline float HMax(F v) {
-    float x[W];
-    __builtin_memcpy(x, &v, sizeof(F));
-    float m = x[0];
-    for (int i = 1; i < W; ++i) m = x[i] > m ? x[i] : m;
-    return m;
-  }
-  static inline float HSum(F v) {
-    float x[W];
-    __builtin_memcpy(x, &v, sizeof(F));
-    float s = 0.0f;
-    for (int i = 0; i < W; ++i) s += x[i];
-    return s;
-  }
   // 2^x for x <= 0 (the softmax's arguments), kernels/exp2_poly.h; x <= -127 (and
   // -inf) gives 0; 2^n by building the exponent bits.
   static inline F Exp2(F x) {
