@@ -411,6 +411,20 @@ class ErrorMappingTest(ServerTestCase):
                 servers[victim] = ServerProcess(
                     extra=["--replica-id", victim, "--state-dir", os.path.join(root, victim)],
                     port=port).wait_listening()
+                # The routed client's channel to the victim saw "connection refused" while
+                # it was down and is in gRPC's reconnect backoff (1 s, growing 1.6x): wait
+                # until that channel reaches the restarted replica, as a readiness probe
+                # would, before streaming (streams are not retried: Generate may commit).
+                # Under the sanitizers a restart takes seconds and the first stream failed.
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        if client.health(replica=victim) == "SERVING":
+                            break
+                    except echokv.Unavailable:
+                        pass
+                    self.assertLess(time.monotonic(), deadline, "the restarted replica never answered")
+                    time.sleep(0.2)
                 for sid, owner, reference in sessions:
                     again = client.generate(sid, max_tokens=8).collect().token_ids
                     self.assertEqual(again, reference, "session %s of %s" % (sid, owner))
