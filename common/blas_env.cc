@@ -83,12 +83,15 @@ void ConfigureBlasWorkersOrReexec(char** argv) {
     if (setenv("OPENBLAS_THREAD_TIMEOUT", "4", /*overwrite=*/1) != 0) return;
     set += set.empty() ? "timeout" : ",timeout";
   }
-  // libgomp (LibTorch's OpenMP) also reads its wait policy only at load. Its default
-  // spins after every parallel region, and on a machine with anything else running the
-  // spinning team and OpenBLAS's workers starve each other: the 40M model's 2-thread
-  // decode ran at 15.6 tok/s spinning vs 75.6 passive (load ~3 on 2 cores). The
-  // container image sets passive too.
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr && setenv("OMP_WAIT_POLICY", "passive", 1) == 0) {
+  // libgomp (LibTorch's OpenMP) also reads its spin settings only at load. Its default
+  // spins ~300000 times after every parallel region; the spinning team then starves
+  // OpenBLAS's workers (40M model, 2 threads, quiet machine: prefill 1850 tok/s) and, on
+  // a busy machine, everything else (2-thread decode 15.6 tok/s at load ~3). Passive
+  // waiting fixes both but makes every decode fork-join a futex wake-up (decode 116 vs
+  // 163 tok/s). A short spin keeps both: GOMP_SPINCOUNT=3000 gave prefill 2807 and decode
+  // 159 tok/s on the quiet machine.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr &&
+      setenv("GOMP_SPINCOUNT", "3000", 1) == 0) {
     set += ",omp";
   }
   if (!coretype.empty() && setenv("OPENBLAS_CORETYPE", coretype.c_str(), /*overwrite=*/1) != 0) return;
@@ -112,6 +115,7 @@ std::string DescribeBlasSetup() {
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   const char* timeout = std::getenv("OPENBLAS_THREAD_TIMEOUT");
   const char* omp = std::getenv("OMP_WAIT_POLICY");
+  const char* spin = std::getenv("GOMP_SPINCOUNT");
   bool set_omp = false;
   if (const char* set = std::getenv(kSetByUs)) set_omp = absl::StrContains(set, "omp");
   std::string why = " (from the environment)";
@@ -129,9 +133,9 @@ std::string DescribeBlasSetup() {
                       coretype != nullptr ? absl::StrCat(coretype, why) : unset,
                       "; OPENBLAS_THREAD_TIMEOUT=",
                       timeout != nullptr ? absl::StrCat(timeout, set_timeout) : "(unset: workers spin after each call)",
-                      "; OMP_WAIT_POLICY=",
-                      omp != nullptr ? absl::StrCat(omp, set_omp ? " (set by echokv, re-exec)" : "")
-                                     : "(unset: OpenMP threads spin after each region)");
+                      "; OMP_WAIT_POLICY=", omp != nullptr ? omp : "(unset)", "; GOMP_SPINCOUNT=",
+                      spin != nullptr ? absl::StrCat(spin, set_omp ? " (set by echokv, re-exec)" : "")
+                                      : "(unset: libgomp's default spin after each region)");
 }
 
 }  // namespace echokv

@@ -31,9 +31,9 @@
 namespace echokv {
 
 // When OPENBLAS_THREAD_TIMEOUT is unset: sets it to 4, sets OPENBLAS_CORETYPE per
-// ChooseBlasCoretype (from OpenBLAS's own choice) and OMP_WAIT_POLICY=passive (LibTorch's
-// OpenMP team sleeps instead of spinning after each region, as in the container image)
-// when those are unset too, and re-execs
+// ChooseBlasCoretype (from OpenBLAS's own choice) and GOMP_SPINCOUNT=3000 (LibTorch's
+// OpenMP team spins only briefly after each region instead of ~300000 times; not when
+// OMP_WAIT_POLICY is set) when those are unset too, and re-execs
 // this program (the path /proc/self/exe points to, so the process keeps its name).
 // Returns without re-exec when OPENBLAS_THREAD_TIMEOUT is already set (an environment
 // set up on purpose starts ~0.7 s sooner; DescribeBlasSetup then says what to export
