@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "kernels/attention.h"
 
 namespace {
@@ -41,15 +42,6 @@ double MillisecondsPerCall(int iters, const std::function<void()>& fn) {
     best = std::min(best, e.count());
   }
   return best;
-}
-
-double Load1() {
-  double l = -1;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
-    std::fclose(f);
-  }
-  return l;
 }
 
 }  // namespace
@@ -85,7 +77,7 @@ int main(int argc, char** argv) {
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   std::printf("fused causal attention, shape %s (H %ld, G %ld, d %ld), chunk m = %ld; OPENBLAS_CORETYPE=%s; "
               "best of %d; load1 %.2f\n",
-              shape->name, H, G, d, m, coretype ? coretype : "(unset)", iters, Load1());
+              shape->name, H, G, d, m, coretype ? coretype : "(unset)", iters, echokv::bench::LoadAverage1());
   std::printf("%-7s %-3s %-12s %10s %10s\n", "L", "thr", "impl", "ms", "GFLOP/s");
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;

@@ -133,4 +133,13 @@ std::vector<int> BenchContext(int length, int vocab) {
 int64_t PeakRssBytes() { return ReadStatusKb("VmHWM:") * 1024; }
 int64_t CurrentRssBytes() { return ReadStatusKb("VmRSS:") * 1024; }
 
+double LoadAverage1() {
+  double l = -1;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
+    std::fclose(f);
+  }
+  return l;
+}
+
 }  // namespace echokv::bench

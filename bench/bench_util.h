@@ -58,6 +58,9 @@ std::vector<int> BenchContext(int length, int vocab);
 int64_t PeakRssBytes();
 // Current resident set size in bytes (VmRSS).
 int64_t CurrentRssBytes();
+// The 1-minute load average (/proc/loadavg), -1 when unreadable: every bench prints it
+// beside its figures, which are only as good as the machine was idle.
+double LoadAverage1();
 
 }  // namespace echokv::bench
 

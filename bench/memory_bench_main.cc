@@ -188,15 +188,6 @@ int64_t DirBytes(const std::string& dir) {
   return n;
 }
 
-double LoadAverage() {
-  double l = -1;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
-    std::fclose(f);
-  }
-  return l;
-}
-
 #define BENCH_ASSIGN(lhs, expr)                                               \
   auto lhs##_or = (expr);                                                     \
   if (!lhs##_or.ok()) return echokv::bench::ReportBenchError(lhs##_or.status()); \
@@ -229,7 +220,7 @@ int Run() {
   std::printf("model %s: %d layers, hidden %d, %d/%d heads, vocab %d, max positions %d; policy %s B=%d; load1 %.2f\n",
               dir.c_str(), cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
               cfg.vocab_size, cfg.max_position_embeddings, absl::GetFlag(FLAGS_policy).c_str(), b.config.budget,
-              LoadAverage());
+              echokv::bench::LoadAverage1());
 
   // ---- 1. one turn at history L ----
   std::printf("\n%d-token turn at history L (s; tiered and evict: min of %d turns; naive: one-shot create of L+%d)\n",
@@ -260,7 +251,7 @@ int Run() {
       phases[2] = Phases(n.last_report);
       if (absl::Status d = Delete(*engine, n.id); !d.ok()) return echokv::bench::ReportBenchError(d);
       std::printf("%-8d %10.3f %10.3f %10.3f %13.2fx %13.1fx %8.2f\n", L, best[0], best[1], naive, best[0] / best[1],
-                  naive / best[0], LoadAverage());
+                  naive / best[0], echokv::bench::LoadAverage1());
       if (absl::GetFlag(FLAGS_phases)) {
         for (int m = 0; m < 3; ++m) {
           std::printf("    %-6s phases (s): %s\n", m == 0 ? "tiered" : m == 1 ? "evict" : "naive", phases[m].c_str());
@@ -347,7 +338,7 @@ int Run() {
                 "ListSessions shows %zu; first %d-token turn on a restored session %.3f s\n",
                 sessions, restart, base, restart - base, listed.size(), turn, first);
   }
-  std::printf("load1 at the end %.2f\n", LoadAverage());
+  std::printf("load1 at the end %.2f\n", echokv::bench::LoadAverage1());
   std::error_code ec;
   if (absl::GetFlag(FLAGS_state_dir).empty()) fs::remove_all(scratch, ec);
   return 0;

@@ -36,13 +36,6 @@ ABSL_FLAG(int, repeats, 3, "prefills per context (the fastest is shown)");
 
 namespace {
 
-double Load1() {
-  double l = -1;
-  std::ifstream f("/proc/loadavg");
-  f >> l;
-  return l;
-}
-
 // Resets VmHWM to the current RSS (Linux >= 4.0), so the next PeakRssBytes is this
 // prefill's peak; false where the kernel does not allow it.
 bool ResetPeakRss() {
@@ -127,7 +120,7 @@ int main(int argc, char** argv) {
         best[ci] = prof;
       }
     }
-    load[ci] = Load1();
+    load[ci] = echokv::bench::LoadAverage1();
     std::fprintf(stderr, "context %d done (%.3f s)\n", contexts[ci], wall[ci]);
   }
   std::printf("%-12s", "op (ms, %)");
