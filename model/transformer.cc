@@ -354,6 +354,11 @@ struct Transformer::Impl {
   bool CanUseCpuFastPath() const {
     return options.device().is_cpu() && options.dtype() == at::kFloat;
   }
+  // The raw-pointer CPU paths (decode fast path, batched decode, fused prefill attention)
+  // need the model and the cache on CPU in float32.
+  bool CanUseCpuKernels(const KvCache& cache) const {
+    return CanUseCpuFastPath() && cache.options().dtype() == at::kFloat && cache.options().device().is_cpu();
+  }
 
   // Attention of a prefill chunk on CPU float32: the fused kernel (kernels/attention.h:
   // online softmax over 64-key blocks, no score matrix beyond one tile) over the cache
@@ -755,8 +760,7 @@ absl::StatusOr<ForwardResult> Transformer::Forward(absl::Span<const int> tokens,
 
   // CPU float32 (model and cache) attends with the fused kernel; other devices and
   // dtypes with the ATen composition (Impl::Attention).
-  const bool fused = impl_->CanUseCpuFastPath() && cache->options().dtype() == at::kFloat &&
-                     cache->options().device().is_cpu();
+  const bool fused = impl_->CanUseCpuKernels(*cache);
   impl_->pools->ForBatched();
   // Per-op laps for options.profile (nothing is timed without it).
   auto lap_start = std::chrono::steady_clock::now();
@@ -843,8 +847,7 @@ absl::StatusOr<ForwardResult> Transformer::Forward(absl::Span<const int> tokens,
 }
 
 absl::StatusOr<DecodeResult> Transformer::Decode(int token, KvCache* cache, bool return_queries) const {
-  if (impl_->CanUseCpuFastPath() && cache != nullptr && cache->options().dtype() == at::kFloat &&
-      cache->options().device().is_cpu() && cache->num_layers() == impl_->config.num_layers &&
+  if (cache != nullptr && impl_->CanUseCpuKernels(*cache) && cache->num_layers() == impl_->config.num_layers &&
       cache->num_kv_heads() == impl_->config.num_kv_heads && cache->head_dim() == impl_->config.head_dim) {
     if (token < 0 || token >= impl_->config.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("token id ", token, " at index 0 is outside the vocabulary [0, ",
@@ -876,7 +879,7 @@ absl::StatusOr<DecodeResult> Transformer::DecodeWithForward(int token, KvCache* 
 
 absl::StatusOr<std::vector<DecodeResult>> Transformer::DecodeBatch(absl::Span<const DecodeRow> rows) const {
   const ModelConfig& c = impl_->config;
-  bool fast = impl_->CanUseCpuFastPath();
+  bool fast = true;
   for (size_t i = 0; i < rows.size(); ++i) {
     const KvCache* cache = rows[i].cache;
     if (cache == nullptr) return absl::InvalidArgumentError(absl::StrCat("rows[", i, "].cache must not be null"));
@@ -895,7 +898,7 @@ absl::StatusOr<std::vector<DecodeResult>> Transformer::DecodeBatch(absl::Span<co
         return absl::InvalidArgumentError(absl::StrCat("rows[", j, "] and rows[", i, "] share one cache"));
       }
     }
-    fast = fast && cache->options().dtype() == at::kFloat && cache->options().device().is_cpu();
+    fast = fast && impl_->CanUseCpuKernels(*cache);
   }
   std::vector<DecodeResult> out;
   if (rows.empty()) return out;
