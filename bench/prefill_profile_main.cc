@@ -134,19 +134,23 @@ int main(int argc, char** argv) {
     }
     std::printf("\n");
   }
-  auto line = [&](const char* label, auto value) {
+  // One row of figures per context; a negative value (peak memory where the kernel does
+  // not let the bench reset VmHWM) prints as n/a.
+  auto line = [&](const char* label, const char* format, auto value) {
     std::printf("%-12s", label);
-    for (size_t ci = 0; ci < contexts.size(); ++ci) std::printf("  %18s", value(ci).c_str());
+    for (size_t ci = 0; ci < contexts.size(); ++ci) {
+      char buf[32] = "n/a";
+      const double v = value(ci);
+      if (v >= 0) std::snprintf(buf, sizeof buf, format, v);
+      std::printf("  %18s", buf);
+    }
     std::printf("\n");
   };
-  char buf[64];
-  line("total ms", [&](size_t ci) { return std::snprintf(buf, sizeof buf, "%.1f", best[ci].Total() * 1e3), std::string(buf); });
-  line("wall ms", [&](size_t ci) { return std::snprintf(buf, sizeof buf, "%.1f", wall[ci] * 1e3), std::string(buf); });
-  line("tok/s", [&](size_t ci) { return std::snprintf(buf, sizeof buf, "%.1f", contexts[ci] / wall[ci]), std::string(buf); });
-  line("KV MiB", [&](size_t ci) { return std::snprintf(buf, sizeof buf, "%.1f", kv_mib[ci]), std::string(buf); });
-  line("peak +MiB", [&](size_t ci) {
-    return peak_mib[ci] < 0 ? std::string("n/a") : (std::snprintf(buf, sizeof buf, "%.1f", peak_mib[ci]), std::string(buf));
-  });
-  line("load1", [&](size_t ci) { return std::snprintf(buf, sizeof buf, "%.2f", load[ci]), std::string(buf); });
+  line("total ms", "%.1f", [&](size_t ci) { return best[ci].Total() * 1e3; });
+  line("wall ms", "%.1f", [&](size_t ci) { return wall[ci] * 1e3; });
+  line("tok/s", "%.1f", [&](size_t ci) { return contexts[ci] / wall[ci]; });
+  line("KV MiB", "%.1f", [&](size_t ci) { return kv_mib[ci]; });
+  line("peak +MiB", "%.1f", [&](size_t ci) { return peak_mib[ci]; });
+  line("load1", "%.2f", [&](size_t ci) { return load[ci]; });
   return 0;
 }

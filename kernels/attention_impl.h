@@ -107,7 +107,8 @@ inline void ScoreKeys(const float* key0, const float* qt, int64_t rows_pad, int6
 // value rows. The rows share each value load: kRows * kVecs accumulators in registers
 // (<= 16), one load per kRows FMAs.
 template <int W, int kRows, int kVecs>
-inline void WeightedSumPass(const float* p, int64_t p_row, int64_t p_key, const float* vblock, int64_t bk, int64_t d, int64_t c0,
+inline void WeightedSumPass(const float* p, int64_t p_row, int64_t p_key, const float* vblock, int64_t bk, int64_t d,
+                            int64_t c0,
                             const float* alpha, float* o) {
   using S = Simd<W>;
   typename S::F acc[kRows][kVecs];
@@ -165,7 +166,8 @@ inline int ValueWidth(int64_t d) {
   return 1;
 }
 
-inline void WeightedSum(int width, const float* p, int64_t p_row, int64_t p_key, const float* vblock, int64_t bk, int64_t d,
+inline void WeightedSum(int width, const float* p, int64_t p_row, int64_t p_key, const float* vblock, int64_t bk,
+                        int64_t d,
                         const float* alpha, int64_t rows, float* o) {
   switch (width) {
 #if ECHOKV_ATTENTION_WIDTH >= 16
@@ -284,7 +286,9 @@ void RunItem(const CausalAttentionArgs& a, const Layout& L, int64_t item, float*
     // S^T for the block's keys; the key rows past bk are -inf (no key).
     for (int64_t c0 = 0; c0 < rp; c0 += kRowPad) {
       int64_t j = 0;
-      for (; j + kScoreKeys <= bk; j += kScoreKeys) ScoreKeys<kScoreKeys>(kg + (j0 + j) * d, qt, rp, c0, d, st + j * rp);
+      for (; j + kScoreKeys <= bk; j += kScoreKeys) {
+        ScoreKeys<kScoreKeys>(kg + (j0 + j) * d, qt, rp, c0, d, st + j * rp);
+      }
       for (; j < bk; ++j) ScoreKeys<1>(kg + (j0 + j) * d, qt, rp, c0, d, st + j * rp);
     }
     for (int64_t j = bk; j < kKeyBlock; ++j) {
