@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/blas_env.h"
 #include "common/env.h"
+#include "common/huge_pages.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/attention.h"
@@ -488,6 +490,20 @@ struct Transformer::Impl {
 
 namespace {
 
+// A copy of CPU tensor `t` in huge-page memory (common/huge_pages.h) when it holds
+// 1 MiB or more and the mapping succeeds (else `t` itself); adds the bytes the kernel
+// accepted the advice for to *advised_bytes.
+at::Tensor OnHugePages(const at::Tensor& t, int64_t* advised_bytes) {
+  if (!t.device().is_cpu() || !t.is_contiguous() || t.nbytes() < (size_t{1} << 20)) return t;
+  HugePageBuffer buffer = HugePageBuffer::Allocate(t.nbytes());
+  if (!buffer.ok()) return t;
+  std::memcpy(buffer.data(), t.data_ptr(), t.nbytes());
+  const size_t size = buffer.size();
+  if (buffer.advised()) *advised_bytes += static_cast<int64_t>(size);
+  return at::from_blob(
+      buffer.Release(), t.sizes(), [size](void* data) { HugePageBuffer::Free(data, size); }, t.options());
+}
+
 // Row i of a [N, cols] float32 matrix.
 inline float* RowPtr(at::Tensor& m, int64_t i) { return m.data_ptr<float>() + i * m.size(1); }
 
@@ -691,6 +707,7 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
   impl->pools->ForBatched();
   impl->config = config;
   impl->device_options = device;
+  int64_t huge_page_bytes = 0;
   try {
     impl->options = at::TensorOptions().dtype(dtype).device(c10::Device(device.device));
     auto load = [&](const std::string& name) -> at::Tensor {
@@ -699,29 +716,32 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
                                      at::TensorOptions().dtype(ToScalarType(t->dtype)));
       return raw.to(impl->options, /*non_blocking=*/false, /*copy=*/true).contiguous();
     };
+    // Matrices of 1 MiB and more go to huge-page memory (common/huge_pages.h): decode
+    // streams them once per token.
+    auto big = [&](const at::Tensor& t) { return OnHugePages(t, &huge_page_bytes); };
     const std::string p = "model.layers.";
-    impl->embed = load("model.embed_tokens.weight");
+    impl->embed = big(load("model.embed_tokens.weight"));
     for (int l = 0; l < config.num_layers; ++l) {
       const std::string b = absl::StrCat(p, l, ".");
       Impl::Layer layer;
       layer.input_norm = load(b + "input_layernorm.weight");
       layer.post_norm = load(b + "post_attention_layernorm.weight");
-      layer.wqkv = at::cat({load(b + "self_attn.q_proj.weight"), load(b + "self_attn.k_proj.weight"),
-                            load(b + "self_attn.v_proj.weight")},
-                           0);
+      layer.wqkv = big(at::cat({load(b + "self_attn.q_proj.weight"), load(b + "self_attn.k_proj.weight"),
+                                load(b + "self_attn.v_proj.weight")},
+                               0));
       if (config.qkv_bias) {
         layer.bqkv = at::cat({load(b + "self_attn.q_proj.bias"), load(b + "self_attn.k_proj.bias"),
                               load(b + "self_attn.v_proj.bias")},
                              0);
       }
-      layer.wo = load(b + "self_attn.o_proj.weight");
+      layer.wo = big(load(b + "self_attn.o_proj.weight"));
       if (config.o_bias) layer.bo = load(b + "self_attn.o_proj.bias");
-      layer.w_gate_up = at::cat({load(b + "mlp.gate_proj.weight"), load(b + "mlp.up_proj.weight")}, 0);
-      layer.w_down = load(b + "mlp.down_proj.weight");
+      layer.w_gate_up = big(at::cat({load(b + "mlp.gate_proj.weight"), load(b + "mlp.up_proj.weight")}, 0));
+      layer.w_down = big(load(b + "mlp.down_proj.weight"));
       impl->layers.push_back(std::move(layer));
     }
     impl->final_norm = load("model.norm.weight");
-    impl->lm_head = config.tie_word_embeddings ? impl->embed : load("lm_head.weight");
+    impl->lm_head = config.tie_word_embeddings ? impl->embed : big(load("lm_head.weight"));
     impl->inv_freq = ComputeRopeInvFreq(config).contiguous();
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("loading weights failed: ", ErrorText(e)));
@@ -730,7 +750,8 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
                    << config.num_heads << "/" << config.num_kv_heads << " heads, d=" << config.head_dim
                    << ", rope_scaling " << RopeScalingTypeName(config.rope_scaling.type) << ", vocab " << config.vocab_size << " on " << device.device << " " << device.dtype << ", "
                    << threads << " threads [" << threads_why << "] (" << impl->pools->Describe() << "); "
-                   << DescribeBlasSetup() << "; attention kernel " << kernels::AttentionIsa();
+                   << DescribeBlasSetup() << "; attention kernel " << kernels::AttentionIsa() << "; "
+                   << (huge_page_bytes >> 20) << " MiB of weights on huge pages";
   return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
 }
 
