@@ -9,12 +9,14 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "common/blas_env.h"
+#include "kernels/matmul_rows.h"
 
 namespace {
 
@@ -30,6 +32,32 @@ double Measure(int64_t m, int64_t n, int64_t k, double seconds) {
     double elapsed = 0;
     while (elapsed < seconds / 3) {
       at::mm_out(out, a, b.t());
+      ++iters;
+      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    best = std::max(best, 2.0 * m * n * k * iters / elapsed / 1e9);
+  }
+  return best;
+}
+
+// The same for kernels::MatMulRows: row blocks of 24 split over the OpenMP pool.
+double MeasureRows(int64_t m, int64_t n, int64_t k, double seconds) {
+  at::Tensor a = at::randn({m, k}), b = at::randn({n, k}), out = at::empty({m, n});
+  const int64_t block = 24, blocks = (n + block - 1) / block;
+  auto run = [&] {
+    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      echokv::kernels::MatMulRows(b.data_ptr<float>(), a.data_ptr<float>(), nullptr, m, n, k, out.data_ptr<float>(),
+                                  b0 * block, std::min(n, b1 * block));
+    });
+  };
+  run();
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    int64_t iters = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    double elapsed = 0;
+    while (elapsed < seconds / 3) {
+      run();
       ++iters;
       elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
@@ -67,6 +95,15 @@ int main(int argc, char** argv) {
   for (int64_t rows : {1, 16, 64}) {
     std::printf("%3lld x 512 x 1376 (one MLP up-projection of the 40M model, %lld rows): %.1f GFLOP/s\n",
                 static_cast<long long>(rows), static_cast<long long>(rows), Measure(rows, 1376, 512, seconds / 2));
+  }
+  // The decode products' own kernel (kernels/matmul_rows.h) on the same shapes, rows in
+  // blocks over LibTorch's OpenMP pool (as a batched decode step runs them).
+  at::set_num_threads(threads);
+  if (set_blas != nullptr) set_blas(1);
+  for (int64_t rows : {1, 16, 64}) {
+    std::printf("%3lld x 512 x 1376, echokv MatMulRows (%s, OpenMP %d threads): %.1f GFLOP/s\n",
+                static_cast<long long>(rows), echokv::kernels::MatMulRowsIsa().c_str(), threads,
+                MeasureRows(rows, 1376, 512, seconds / 2));
   }
   return 0;
 }

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -22,6 +23,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/attention.h"
+#include "kernels/matmul_rows.h"
 #include "kernels/softmax.h"
 #include "kernels/rope.h"
 #include "model/weights.h"
@@ -108,25 +110,6 @@ class ThreadPools {
 };
 
 // ---- CPU float32 decode fast path: plain loops, no per-op dispatch. ----
-
-// Dot product of n floats. 32 independent accumulators give the compiler several
-// vector registers to keep FMAs in flight without -ffast-math; target_clones adds
-// AVX2+FMA and AVX-512 versions picked at load time.
-__attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) float Dot(const float* a, const float* b,
-                                                                                      int64_t n) {
-  constexpr int kLanes = 32;
-  float acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
-  }
-  for (int width = kLanes / 2; width >= 1; width /= 2) {
-    for (int j = 0; j < width; ++j) acc[j] += acc[j + width];
-  }
-  float s = acc[0];
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
 
 // scores[j] = scale * q . k_j for n rows k_j = keys + j * d, and the weighted sum
 // out[d] = sum_j p[j] * v_j. One call per head, so the clone dispatch is paid once,
@@ -219,15 +202,19 @@ __attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) void
 // 2^12–2^13 decode fastest, 2^16 is 5-10% slower, 2^18 (no attention split) 35% slower.
 constexpr int64_t kMinParallelWork = int64_t{1} << 13;
 
-// y[rows] = W[rows, cols] x[cols] (+ bias); rows split over the OpenMP pool when
-// the matrix is large enough to pay for it.
+// y[rows] = W[rows, cols] x[cols] (+ bias) by kernels::MatMulRows (the batched decode
+// products' kernel, so Decode and DecodeBatch agree bit for bit); rows split over the
+// OpenMP pool when the matrix is large enough to pay for it.
 void MatVec(const float* w, const float* x, const float* bias, int64_t rows, int64_t cols, float* y) {
-  if (rows * cols < kMinParallelWork) {
-    for (int64_t r = 0; r < rows; ++r) y[r] = Dot(w + r * cols, x, cols) + (bias ? bias[r] : 0.0f);
-    return;
+  if (rows * cols < kMinParallelWork) return kernels::MatMulRows(w, x, bias, 1, rows, cols, y, 0, rows);
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t block = kernels::MatMulRowsBlock();
+    const int64_t blocks = (rows + block - 1) / block;
+    const int64_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
+    kernels::MatMulRows(w, x, bias, 1, rows, cols, y, b0 * block, std::min(rows, b1 * block));
   }
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) y[r] = Dot(w + r * cols, x, cols) + (bias ? bias[r] : 0.0f);
 }
 
 void RmsNormRow(const float* x, const float* w, int64_t n, double eps, float* out) {
@@ -507,19 +494,17 @@ at::Tensor OnHugePages(const at::Tensor& t, int64_t* advised_bytes) {
 // Row i of a [N, cols] float32 matrix.
 inline float* RowPtr(at::Tensor& m, int64_t i) { return m.data_ptr<float>() + i * m.size(1); }
 
-// y[n, rows] = x[n, cols] W[rows, cols]^T (+ bias) with our own loops: every output is
-// MatVec's Dot(w_r, x_i) + b_r, so each row of a batched step gets exactly the bits the
-// single-row Decode computes; but each weight row is read from memory once for all n
-// inputs (it stays in L1 while the n dot products run), which is the point of batching
-// a memory-bound decode. Rows split over the OpenMP pool in blocks handed out on
-// demand: on a shared machine one of the team's threads is often descheduled, and a
+// y[n, rows] = x[n, cols] W[rows, cols]^T (+ bias) by kernels::MatMulRows: every output
+// is the bits the single-row Decode computes, but each weight row is read from memory
+// once for all n inputs, in register tiles of rows x inputs. Row blocks are handed out
+// on demand: on a shared machine one of the team's threads is often descheduled, and a
 // static half would hold the whole step until it runs again.
 void MatMulRows(const float* w, const float* x, const float* bias, int64_t n, int64_t rows, int64_t cols, float* y) {
-#pragma omp parallel for schedule(dynamic, 32) if (n * rows * cols >= kMinParallelWork)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* wr = w + r * cols;
-    const float b = bias ? bias[r] : 0.0f;
-    for (int64_t i = 0; i < n; ++i) y[i * rows + r] = Dot(wr, x + i * cols, cols) + b;
+  const int64_t block = kernels::MatMulRowsBlock() * 8;
+  const int64_t blocks = (rows + block - 1) / block;
+#pragma omp parallel for schedule(dynamic, 1) if (n * rows * cols >= kMinParallelWork)
+  for (int64_t b = 0; b < blocks; ++b) {
+    kernels::MatMulRows(w, x, bias, n, rows, cols, y, b * block, std::min(rows, (b + 1) * block));
   }
 }
 

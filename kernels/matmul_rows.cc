@@ -1,0 +1,169 @@
+#include "kernels/matmul_rows.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace echokv::kernels {
+namespace {
+
+// 16 floats; aligned(4) makes dereferences unaligned loads and stores.
+typedef float V16 __attribute__((vector_size(64), aligned(4)));
+
+__attribute__((always_inline)) inline V16 Load(const float* p) { return *reinterpret_cast<const V16*>(p); }
+
+typedef float V8 __attribute__((vector_size(32), aligned(4)));
+typedef float V4 __attribute__((vector_size(16), aligned(4)));
+
+// Sum of the 16 lanes of v as a pairwise tree: lane j += lane j + w for w = 8, 4, 2, 1
+// (vector halves added, so it costs 4 adds and 3 shuffles, not 15 scalar adds).
+__attribute__((always_inline)) inline float Reduce16(const V16& v) {
+  const V8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const V4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+// RT weight rows x CT inputs; every (row, input) pair in the same order of operations:
+// 16 lanes accumulated over the columns, Reduce16, then the remaining columns one by
+// one. Compiled into each ISA's entry point below (always_inline), so `a += b * c`
+// becomes an FMA where the entry point's target has one (-ffp-contract=fast on this file).
+template <int RT, int CT>
+__attribute__((always_inline)) inline void Tile(const float* w, const float* x, const float* bias, int64_t rows,
+                                                int64_t cols, float* y) {
+  V16 acc[RT][CT];
+  for (int r = 0; r < RT; ++r) {
+    for (int c = 0; c < CT; ++c) acc[r][c] = V16{};
+  }
+  int64_t k = 0;
+  for (; k + 16 <= cols; k += 16) {
+    V16 xv[CT];
+    for (int c = 0; c < CT; ++c) xv[c] = Load(x + c * cols + k);
+    for (int r = 0; r < RT; ++r) {
+      const V16 wv = Load(w + r * cols + k);
+      for (int c = 0; c < CT; ++c) acc[r][c] += wv * xv[c];
+    }
+  }
+  for (int r = 0; r < RT; ++r) {
+    for (int c = 0; c < CT; ++c) {
+      float s = Reduce16(acc[r][c]);
+      for (int64_t t = k; t < cols; ++t) s += w[r * cols + t] * x[c * cols + t];
+      y[c * rows + r] = s + (bias ? bias[r] : 0.0f);
+    }
+  }
+}
+
+// Rows [r0, r1) against all n inputs: RT x CT tiles for batches (inputs in the inner
+// loop, so the RT weight rows stay in L1 while every input passes), RV x 1 for n = 1.
+template <int RT, int CT, int RV>
+__attribute__((always_inline)) inline void Drive(const float* w, const float* x, const float* bias, int64_t n,
+                                                 int64_t rows, int64_t cols, float* y, int64_t r0, int64_t r1) {
+  auto at = [&](int64_t r, int64_t i) { return y + i * rows + r; };
+  const float* no_bias = nullptr;
+  auto b = [&](int64_t r) { return bias ? bias + r : no_bias; };
+  // Tile writes y[c * rows + r] relative to its arguments; pass y shifted to (r, i).
+  if (n == 1) {
+    int64_t r = r0;
+    for (; r + RV <= r1; r += RV) Tile<RV, 1>(w + r * cols, x, b(r), rows, cols, at(r, 0));
+    for (; r < r1; ++r) Tile<1, 1>(w + r * cols, x, b(r), rows, cols, at(r, 0));
+    return;
+  }
+  int64_t r = r0;
+  for (; r + RT <= r1; r += RT) {
+    int64_t i = 0;
+    for (; i + CT <= n; i += CT) Tile<RT, CT>(w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
+    for (; i < n; ++i) Tile<RT, 1>(w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
+  }
+  for (; r < r1; ++r) {
+    int64_t i = 0;
+    for (; i + CT <= n; i += CT) Tile<1, CT>(w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
+    for (; i < n; ++i) Tile<1, 1>(w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
+  }
+}
+
+using Fn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, float*, int64_t, int64_t);
+
+// Tile shapes: AVX-512 has 32 vector registers (4 x 6 = 24 accumulators, the rest for
+// loads); AVX2 has 16 of half the width, so a pair takes 2 (2 x 3 = 12).
+#if defined(__x86_64__)
+__attribute__((target("avx512f,fma"))) void RunAvx512(const float* w, const float* x, const float* bias, int64_t n,
+                                                      int64_t rows, int64_t cols, float* y, int64_t r0, int64_t r1) {
+  Drive<4, 6, 8>(w, x, bias, n, rows, cols, y, r0, r1);
+}
+__attribute__((target("avx2,fma"))) void RunAvx2(const float* w, const float* x, const float* bias, int64_t n,
+                                                 int64_t rows, int64_t cols, float* y, int64_t r0, int64_t r1) {
+  Drive<2, 3, 4>(w, x, bias, n, rows, cols, y, r0, r1);
+}
+#endif
+void RunScalar(const float* w, const float* x, const float* bias, int64_t n, int64_t rows, int64_t cols, float* y,
+               int64_t r0, int64_t r1) {
+  Drive<1, 2, 2>(w, x, bias, n, rows, cols, y, r0, r1);
+}
+
+bool Supported(const std::string& isa) {
+#if defined(__x86_64__)
+  if (isa == "avx512") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+  if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+  return isa == "scalar";
+}
+
+struct Choice {
+  const char* isa;
+  Fn fn;
+  int64_t block;
+};
+
+#if defined(__x86_64__)
+constexpr Choice kAvx512{"avx512", RunAvx512, 4};
+constexpr Choice kAvx2{"avx2", RunAvx2, 2};
+#endif
+constexpr Choice kScalar{"scalar", RunScalar, 1};
+
+const Choice* Find(const std::string& isa) {
+  if (!Supported(isa)) return nullptr;
+#if defined(__x86_64__)
+  if (isa == "avx512") return &kAvx512;
+  if (isa == "avx2") return &kAvx2;
+#endif
+  return &kScalar;
+}
+
+const Choice* Best() {
+  for (const char* isa : {"avx512", "avx2"}) {
+    if (const Choice* c = Find(isa)) return c;
+  }
+  return &kScalar;
+}
+
+// The build every call uses: the best the CPU has, or ECHOKV_MATMUL_ISA when that names
+// one it supports.
+std::atomic<const Choice*>& Current() {
+  static std::atomic<const Choice*> choice = [] {
+    const char* env = std::getenv("ECHOKV_MATMUL_ISA");
+    const Choice* c = env != nullptr ? Find(env) : nullptr;
+    return c != nullptr ? c : Best();
+  }();
+  return choice;
+}
+
+}  // namespace
+
+void MatMulRows(const float* w, const float* x, const float* bias, int64_t n, int64_t rows, int64_t cols, float* y,
+                int64_t row_begin, int64_t row_end) {
+  if (n <= 0 || row_begin >= row_end) return;
+  Current().load(std::memory_order_relaxed)->fn(w, x, bias, n, rows, cols, y, row_begin, row_end);
+}
+
+int64_t MatMulRowsBlock() { return Current().load(std::memory_order_relaxed)->block; }
+
+std::string MatMulRowsIsa() { return Current().load(std::memory_order_relaxed)->isa; }
+
+bool SetMatMulRowsIsa(const std::string& isa) {
+  const Choice* c = isa == "auto" ? Best() : Find(isa);
+  if (c == nullptr) return false;
+  Current().store(c);
+  return true;
+}
+
+}  // namespace echokv::kernels
