@@ -53,15 +53,26 @@ __attribute__((always_inline)) inline void Tile(const float* w, const float* x, 
   }
 }
 
+// The inputs [i, n) left after whole CT-wide tiles (fewer than CT): one tile of exactly
+// that width, so a batch of 16 is 6 + 6 + 4 inputs, not 6 + 6 + 1 + 1 + 1 + 1.
+template <int RT, int CT>
+__attribute__((always_inline)) inline void Rest(int64_t left, const float* w, const float* x, const float* bias,
+                                                int64_t rows, int64_t cols, float* y) {
+  if constexpr (CT > 1) {
+    if (left == CT - 1) return Tile<RT, CT - 1>(w, x, bias, rows, cols, y);
+    return Rest<RT, CT - 1>(left, w, x, bias, rows, cols, y);
+  }
+}
+
 // Rows [r0, r1) against all n inputs: RT x CT tiles for batches (inputs in the inner
 // loop, so the RT weight rows stay in L1 while every input passes), RV x 1 for n = 1.
 template <int RT, int CT, int RV>
 __attribute__((always_inline)) inline void Drive(const float* w, const float* x, const float* bias, int64_t n,
                                                  int64_t rows, int64_t cols, float* y, int64_t r0, int64_t r1) {
+  // Tile writes y[c * rows + r] relative to its arguments: pass y shifted to (r, i).
   auto at = [&](int64_t r, int64_t i) { return y + i * rows + r; };
   const float* no_bias = nullptr;
   auto b = [&](int64_t r) { return bias ? bias + r : no_bias; };
-  // Tile writes y[c * rows + r] relative to its arguments; pass y shifted to (r, i).
   if (n == 1) {
     int64_t r = r0;
     for (; r + RV <= r1; r += RV) Tile<RV, 1>(w + r * cols, x, b(r), rows, cols, at(r, 0));
@@ -72,12 +83,12 @@ __attribute__((always_inline)) inline void Drive(const float* w, const float* x,
   for (; r + RT <= r1; r += RT) {
     int64_t i = 0;
     for (; i + CT <= n; i += CT) Tile<RT, CT>(w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
-    for (; i < n; ++i) Tile<RT, 1>(w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
+    if (i < n) Rest<RT, CT>(n - i, w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
   }
   for (; r < r1; ++r) {
     int64_t i = 0;
     for (; i + CT <= n; i += CT) Tile<1, CT>(w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
-    for (; i < n; ++i) Tile<1, 1>(w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
+    if (i < n) Rest<1, CT>(n - i, w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
   }
 }
 

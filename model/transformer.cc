@@ -111,6 +111,16 @@ class ThreadPools {
 
 // ---- CPU float32 decode fast path: plain loops, no per-op dispatch. ----
 
+// Per-thread float buffers reused across decode steps, one per use (a step's own
+// buffers, and one per attention head's scores on whichever pool thread runs it).
+enum ScratchSlot { kDecodeScratch, kScoresScratch, kScratchSlots };
+float* Scratch(ScratchSlot slot, int64_t n) {
+  thread_local std::vector<float> buffers[kScratchSlots];
+  std::vector<float>& b = buffers[slot];
+  if (static_cast<int64_t>(b.size()) < n) b.resize(n);
+  return b.data();
+}
+
 // scores[j] = scale * q . k_j for n rows k_j = keys + j * d, and the weighted sum
 // out[d] = sum_j p[j] * v_j. One call per head, so the clone dispatch is paid once,
 // not per entry; head dims 8, 64 and 128 get loops with the dimension known at
@@ -395,8 +405,8 @@ struct Transformer::Impl {
                   float* out) const {
     const int64_t n = cache.size(layer), d = config.head_dim;
     const int64_t stride = cache.GroupStride(layer);
-    std::vector<float> scores(n);
-    ScoreRows(q, cache.KeyData(layer) + g * stride, n, d, scale, scores.data());
+    float* scores = Scratch(kScoresScratch, n);
+    ScoreRows(q, cache.KeyData(layer) + g * stride, n, d, scale, scores);
     if (window) {
       const std::vector<int64_t>& kpos = cache.cells().positions(layer, static_cast<int>(g));
       for (int64_t j = 0; j < n; ++j) {
@@ -407,10 +417,10 @@ struct Transformer::Impl {
     for (int64_t j = 0; j < n; ++j) mx = std::max(mx, scores[j]);
     // exp by kernels/exp2_poly.h, vectorised: libm's expf, one call per score, was 8% of
     // stories260K's decode (40 heads x every position per token).
-    const float den = kernels::ExpShiftSum(scores.data(), n, mx);  // masked scores (-inf) give 0
+    const float den = kernels::ExpShiftSum(scores, n, mx);  // masked scores (-inf) give 0
     const float inv_den = 1.0f / den;
     for (int64_t j = 0; j < n; ++j) scores[j] *= inv_den;
-    WeightedSumRows(scores.data(), cache.ValueData(layer) + g * stride, n, d, out);
+    WeightedSumRows(scores, cache.ValueData(layer) + g * stride, n, d, out);
   }
 
   // DecodeBatch on CPU float32 for N > 1 validated rows (distinct caches).
@@ -423,9 +433,16 @@ struct Transformer::Impl {
     const int64_t D = c.hidden_size, H = c.num_heads, G = c.num_kv_heads, d = c.head_dim, r = H / G;
     const int64_t I = c.intermediate_size, V = c.vocab_size;
     const int64_t pos = cache->next_position();
-    std::vector<float> x(embed.data_ptr<float>() + token * D, embed.data_ptr<float>() + (token + 1) * D);
-    std::vector<float> h(D), qkv((H + 2 * G) * d), attn(H * d), o(D), gu(2 * I), act(I), down(D);
-    std::vector<float> cos(d / 2), sin(d / 2);
+    // Every buffer of the step carved from this thread's scratch (nothing is allocated
+    // per token but the returned logits).
+    const int64_t sizes[] = {D, D, (H + 2 * G) * d, H * d, D, 2 * I, I, D, d / 2, d / 2};
+    int64_t total = 0;
+    for (int64_t n : sizes) total += n;
+    float* next = Scratch(kDecodeScratch, total);
+    auto take = [&next](int64_t n) { return std::exchange(next, next + n); };
+    float *x = take(D), *h = take(D), *qkv = take((H + 2 * G) * d), *attn = take(H * d), *o = take(D);
+    float *gu = take(2 * I), *act = take(I), *down = take(D), *cos = take(d / 2), *sin = take(d / 2);
+    std::copy(embed.data_ptr<float>() + token * D, embed.data_ptr<float>() + (token + 1) * D, x);
     const float* inv = inv_freq.data_ptr<float>();
     for (int64_t i = 0; i < d / 2; ++i) {
       const float angle = static_cast<float>(pos) * inv[i];  // float32 angle, as the reference
@@ -436,14 +453,14 @@ struct Transformer::Impl {
     DecodeResult result;
     for (int l = 0; l < c.num_layers; ++l) {
       const Layer& w = layers[l];
-      RmsNormRow(x.data(), w.input_norm.data_ptr<float>(), D, c.rms_norm_eps, h.data());
-      MatVec(w.wqkv.data_ptr<float>(), h.data(), w.bqkv.defined() ? w.bqkv.data_ptr<float>() : nullptr,
-             (H + 2 * G) * d, D, qkv.data());
-      float* q = qkv.data();
+      RmsNormRow(x, w.input_norm.data_ptr<float>(), D, c.rms_norm_eps, h);
+      MatVec(w.wqkv.data_ptr<float>(), h, w.bqkv.defined() ? w.bqkv.data_ptr<float>() : nullptr,
+             (H + 2 * G) * d, D, qkv);
+      float* q = qkv;
       float* k = q + H * d;
       float* v = k + G * d;
-      for (int64_t i = 0; i < H; ++i) RopeRow(q + i * d, cos.data(), sin.data(), d);
-      for (int64_t i = 0; i < G; ++i) RopeRow(k + i * d, cos.data(), sin.data(), d);
+      for (int64_t i = 0; i < H; ++i) RopeRow(q + i * d, cos, sin, d);
+      for (int64_t i = 0; i < G; ++i) RopeRow(k + i * d, cos, sin, d);
       ECHOKV_RETURN_IF_ERROR(cache->AppendRow(l, k, v, pos));
       if (return_queries) {
         result.queries.push_back(at::from_blob(q, {H, d}, at::kFloat).clone());
@@ -453,24 +470,24 @@ struct Transformer::Impl {
       // Heads split over the OpenMP pool when there is enough work per head.
 #pragma omp parallel for schedule(static) if (H * n * d >= kMinParallelWork)
       for (int64_t hh = 0; hh < H; ++hh) {
-        AttendHead(*cache, l, q + hh * d, hh / r, pos, window, scale, attn.data() + hh * d);
+        AttendHead(*cache, l, q + hh * d, hh / r, pos, window, scale, attn + hh * d);
       }
-      MatVec(w.wo.data_ptr<float>(), attn.data(), w.bo.defined() ? w.bo.data_ptr<float>() : nullptr, D, H * d,
-             o.data());
+      MatVec(w.wo.data_ptr<float>(), attn, w.bo.defined() ? w.bo.data_ptr<float>() : nullptr, D, H * d,
+             o);
       for (int64_t i = 0; i < D; ++i) x[i] += o[i];
-      RmsNormRow(x.data(), w.post_norm.data_ptr<float>(), D, c.rms_norm_eps, h.data());
-      MatVec(w.w_gate_up.data_ptr<float>(), h.data(), nullptr, 2 * I, D, gu.data());
+      RmsNormRow(x, w.post_norm.data_ptr<float>(), D, c.rms_norm_eps, h);
+      MatVec(w.w_gate_up.data_ptr<float>(), h, nullptr, 2 * I, D, gu);
       for (int64_t i = 0; i < I; ++i) {
         const float g = gu[i];
         act[i] = g / (1.0f + std::exp(-g)) * gu[I + i];
       }
-      MatVec(w.w_down.data_ptr<float>(), act.data(), nullptr, D, I, down.data());
+      MatVec(w.w_down.data_ptr<float>(), act, nullptr, D, I, down);
       for (int64_t i = 0; i < D; ++i) x[i] += down[i];
     }
     cache->set_next_position(pos + 1);
-    RmsNormRow(x.data(), final_norm.data_ptr<float>(), D, c.rms_norm_eps, h.data());
+    RmsNormRow(x, final_norm.data_ptr<float>(), D, c.rms_norm_eps, h);
     result.logits = at::empty({V}, at::kFloat);
-    MatVec(lm_head.data_ptr<float>(), h.data(), nullptr, V, D, result.logits.data_ptr<float>());
+    MatVec(lm_head.data_ptr<float>(), h, nullptr, V, D, result.logits.data_ptr<float>());
     return result;
   }
 };
