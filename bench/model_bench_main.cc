@@ -36,6 +36,9 @@ ABSL_FLAG(std::string, contexts, "512,2048", "context lengths, comma-separated")
 ABSL_FLAG(int, decode, 64, "tokens to decode after each context");
 ABSL_FLAG(int, chunk, 256, "prefill chunk size");
 ABSL_FLAG(int, threads, 0, "LibTorch threads (0 = all cores)");
+ABSL_FLAG(std::string, batches, "",
+          "also decode this many streams together (Transformer::DecodeBatch, as the server's engine step), "
+          "comma-separated, each after a 256-token context; prints tok/s and dense GFLOP/s");
 ABSL_FLAG(std::string, llama2c_runomp, "auto",
           "echokv-bench-llama2c-runomp (llama2.c `make runomp`: -Ofast -fopenmp -march=native), the headline "
           "baseline; auto = next to this binary, empty = skip");
@@ -85,6 +88,49 @@ std::string LoadAverage() {
 }
 
 }  // namespace
+
+// N streams decoded together for `steps` steps: each starts from its own copy of one
+// 256-token prefill and feeds back its own greedy token (so rows differ after step 1).
+// FLOPs are the dense products (2 x multiply-adds of QKV, output, MLP and LM head).
+int BatchedDecode(const echokv::model::Transformer& model, const std::string& batches, int steps) {
+  if (batches.empty()) return 0;
+  const auto& c = model.config();
+  const double D = c.hidden_size, Hd = static_cast<double>(c.num_heads) * c.head_dim,
+               Gd = static_cast<double>(c.num_kv_heads) * c.head_dim;
+  const double flops = 2.0 * (c.num_layers * (D * (Hd + 2 * Gd) + Hd * D + 3 * D * c.intermediate_size) +
+                              D * c.vocab_size);
+  std::printf("\nbatched decode: N streams per step (DecodeBatch; N = 1 is Decode), %d steps after a 256-token "
+              "context, %.1f MFLOP per token\n%-8s %14s %12s %10s %6s\n",
+              steps, flops / 1e6, "streams", "tok/s (all)", "step ms", "GFLOP/s", "load1");
+  echokv::model::KvCache base = model.NewCache();
+  auto pre = model.Forward(echokv::bench::BenchContext(256, c.vocab_size), &base, echokv::model::ForwardOptions());
+  if (!pre.ok()) return echokv::bench::ReportBenchError(pre.status());
+  const int first = echokv::model::Argmax(absl::MakeConstSpan(pre->logits.data_ptr<float>(), pre->logits.numel()));
+  for (absl::string_view b : absl::StrSplit(batches, ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(b, &n) || n < 1) {
+      std::fprintf(stderr, "error: bad --batches entry '%s'\n", std::string(b).c_str());
+      return 2;
+    }
+    std::vector<echokv::model::KvCache> caches(n, base);
+    std::vector<echokv::model::DecodeRow> rows(n);
+    for (int i = 0; i < n; ++i) rows[i] = {(first + i) % c.vocab_size, &caches[i], false};
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int s = 0; s < steps; ++s) {
+      auto out = model.DecodeBatch(rows);
+      if (!out.ok()) return echokv::bench::ReportBenchError(out.status());
+      for (int i = 0; i < n; ++i) {
+        const at::Tensor& l = (*out)[i].logits;
+        rows[i].token = echokv::model::Argmax(absl::MakeConstSpan(l.data_ptr<float>(), l.numel()));
+      }
+    }
+    const double sec = Seconds(t0, std::chrono::steady_clock::now());
+    std::printf("%-8d %14.1f %12.3f %10.1f %6s\n", n, n * steps / sec, 1e3 * sec / steps,
+                flops * n * steps / sec / 1e9, LoadAverage().c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
 
 int main(int argc, char** argv) {
   echokv::ConfigureBlasWorkersOrReexec(argv);
@@ -158,5 +204,5 @@ int main(int argc, char** argv) {
     std::printf(" %6s\n", LoadAverage().c_str());
     std::fflush(stdout);
   }
-  return 0;
+  return BatchedDecode(**model, absl::GetFlag(FLAGS_batches), absl::GetFlag(FLAGS_decode));
 }

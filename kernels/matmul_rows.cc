@@ -4,28 +4,16 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/vec16.h"
+
 namespace echokv::kernels {
 namespace {
 
-// 16 floats; aligned(4) makes dereferences unaligned loads and stores.
-typedef float V16 __attribute__((vector_size(64), aligned(4)));
-
-__attribute__((always_inline)) inline V16 Load(const float* p) { return *reinterpret_cast<const V16*>(p); }
-
-typedef float V8 __attribute__((vector_size(32), aligned(4)));
-typedef float V4 __attribute__((vector_size(16), aligned(4)));
-
-// Sum of the 16 lanes of v as a pairwise tree: lane j += lane j + w for w = 8, 4, 2, 1
-// (vector halves added, so it costs 4 adds and 3 shuffles, not 15 scalar adds).
-__attribute__((always_inline)) inline float Reduce16(const V16& v) {
-  const V8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const V4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
-}
+using vec16::Load;
+using vec16::V16;
 
 // RT weight rows x CT inputs; every (row, input) pair in the same order of operations:
-// 16 lanes accumulated over the columns, Reduce16, then the remaining columns one by
+// 16 lanes accumulated over the columns, vec16::Reduce, then the remaining columns one by
 // one. Compiled into each ISA's entry point below (always_inline), so `a += b * c`
 // becomes an FMA where the entry point's target has one (-ffp-contract=fast on this file).
 template <int RT, int CT>
@@ -46,7 +34,7 @@ __attribute__((always_inline)) inline void Tile(const float* w, const float* x, 
   }
   for (int r = 0; r < RT; ++r) {
     for (int c = 0; c < CT; ++c) {
-      float s = Reduce16(acc[r][c]);
+      float s = vec16::Reduce(acc[r][c]);
       for (int64_t t = k; t < cols; ++t) s += w[r * cols + t] * x[c * cols + t];
       y[c * rows + r] = s + (bias ? bias[r] : 0.0f);
     }

@@ -25,6 +25,7 @@
 #include "kernels/attention.h"
 #include "kernels/matmul_rows.h"
 #include "kernels/softmax.h"
+#include "kernels/vec16.h"
 #include "kernels/rope.h"
 #include "model/weights.h"
 
@@ -125,26 +126,47 @@ float* Scratch(ScratchSlot slot, int64_t n) {
 // out[d] = sum_j p[j] * v_j. One call per head, so the clone dispatch is paid once,
 // not per entry; head dims 8, 64 and 128 get loops with the dimension known at
 // compile time (fully unrolled rows), others the generic loop.
+// Head dims of 16 and more: 16-lane accumulators, four keys at a time (independent FMA
+// chains), each summed by vec16::Reduce; smaller ones: one lane per dimension. Always
+// inlined into ScoreRows' clones, so each is compiled for that clone's instruction set.
 template <int kDim>
-inline void ScoreRowsFixed(const float* q, const float* keys, int64_t n, float scale, float* scores) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float* k = keys + j * kDim;
-    float acc[kDim < 16 ? kDim : 16] = {};
-    constexpr int kLanes = kDim < 16 ? kDim : 16;
-    for (int i = 0; i < kDim; i += kLanes) {
-      for (int t = 0; t < kLanes; ++t) acc[t] += q[i + t] * k[i + t];
+__attribute__((always_inline)) inline void ScoreRowsFixed(const float* q, const float* keys, int64_t n, float scale, float* scores) {
+  if constexpr (kDim % 16 == 0) {
+    using kernels::vec16::V16;
+    constexpr int kVecs = kDim / 16, kKeys = 4;
+    V16 qv[kVecs];
+    for (int i = 0; i < kVecs; ++i) qv[i] = kernels::vec16::Load(q + 16 * i);
+    int64_t j = 0;
+    for (; j + kKeys <= n; j += kKeys) {
+      V16 acc[kKeys] = {};
+      for (int i = 0; i < kVecs; ++i) {
+        for (int t = 0; t < kKeys; ++t) acc[t] += qv[i] * kernels::vec16::Load(keys + (j + t) * kDim + 16 * i);
+      }
+      for (int t = 0; t < kKeys; ++t) scores[j + t] = kernels::vec16::Reduce(acc[t]) * scale;
     }
-    float s = 0;
-    for (int t = 0; t < kLanes; ++t) s += acc[t];
-    scores[j] = s * scale;
+    for (; j < n; ++j) {
+      V16 acc = {};
+      for (int i = 0; i < kVecs; ++i) acc += qv[i] * kernels::vec16::Load(keys + j * kDim + 16 * i);
+      scores[j] = kernels::vec16::Reduce(acc) * scale;
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      const float* k = keys + j * kDim;
+      float acc[kDim] = {};
+      for (int t = 0; t < kDim; ++t) acc[t] += q[t] * k[t];
+      float s = 0;
+      for (int t = 0; t < kDim; ++t) s += acc[t];
+      scores[j] = s * scale;
+    }
   }
 }
 
 // Small head dims get several accumulator sets over alternating rows: with d = 8 one
 // set is a single vector, and each row's FMA waited for the previous one (4-cycle
 // latency): stories260K's decode at 2.5K positions spent a third of its time here.
+// Always inlined into WeightedSumRows' clones (else it ran as the baseline build).
 template <int kDim>
-inline void WeightedSumRowsFixed(const float* p, const float* values, int64_t n, float* out) {
+__attribute__((always_inline)) inline void WeightedSumRowsFixed(const float* p, const float* values, int64_t n, float* out) {
   constexpr int kChains = kDim >= 32 ? 1 : 32 / kDim > 4 ? 4 : 32 / kDim;
   float acc[kChains][kDim] = {};
   int64_t j = 0;
