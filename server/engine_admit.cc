@@ -1,0 +1,140 @@
+// Admissions on the engine thread: create / append jobs and generate streams enter the
+// scheduler under the store's limits (engine_impl.h).
+#include "server/engine_impl.h"
+
+namespace echokv::server {
+
+void Engine::Impl::AdmitCreate(std::shared_ptr<CreateRequest> req, CancelFlag cancel, ProgressFn progress,
+                               DoneFn<SessionInfo> done, std::vector<int> tokens, absl::Time admitted) {
+  const MemoryMode memory = req->memory.value_or(config.default_memory);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  // Admission estimate: at most min(L, B) entries per layer and group stay hot.
+  const int64_t keep = req->config.policy == compression::PolicyKind::kFull ? n : std::min<int64_t>(n, req->config.budget);
+  const int64_t cold = memory == MemoryMode::kTiered ? n * bytes_per_token : 0;
+  if (memory == MemoryMode::kTiered) (void)MakeColdRoom(cold, "");  // spill idle saved sessions first
+  absl::StatusOr<SessionStore::Reservation> r =
+      store->Reserve(req->caller.tenant, keep * bytes_per_token, cold, memory == MemoryMode::kTiered);
+  if (!r.ok()) {
+    Reject(r.status());
+    return done(r.status());
+  }
+  TurnSpec spec;
+  spec.kind = TurnKind::kCreate;
+  spec.tokens = std::move(tokens);
+  spec.config = req->config;
+  spec.memory = memory;
+  spec.prefill_chunk = config.prefill_chunk;
+  spec.progress = ProgressAdapter(progress, admitted);
+  absl::StatusOr<std::unique_ptr<TurnJob>> turn = TurnJob::Start(model.get(), std::move(spec));
+  if (!turn.ok()) {
+    store->Unreserve(*r);
+    return done(turn.status());
+  }
+  auto j = std::make_unique<ActiveJob>();
+  j->id = next_work_id++;
+  j->turn = std::move(*turn);
+  j->cancel = std::move(cancel);
+  j->caller = req->caller;
+  j->reservation = *r;
+  j->ttl = req->ttl;
+  if (req->input.kind == InputSpec::Kind::kChat) {
+    j->new_messages = req->input.chat;
+    j->tools_json = req->input.tools_json;
+  }
+  j->session_done = std::move(done);
+  j->admitted = admitted;
+  jobs.push_back(std::move(j));
+}
+
+void Engine::Impl::AdmitAppend(std::shared_ptr<AppendRequest> req, CancelFlag cancel, ProgressFn progress,
+                               DoneFn<SessionInfo> done, std::vector<int> tokens,
+                               std::optional<ChatEncoding> chat_enc, absl::Time admitted) {
+  // The session was claimed on the edge; it cannot have changed since.
+  absl::StatusOr<SessionMeta> meta = store->Get(req->session_id, req->caller.tenant, false);
+  absl::StatusOr<std::shared_ptr<SessionData>> data = SessionDataFor(req->session_id, req->caller.tenant);
+  if (!meta.ok() || !data.ok()) {
+    store->Release(req->session_id);
+    return done(meta.ok() ? data.status() : meta.status());
+  }
+  if (chat_enc.has_value()) {
+    tokens = NewChatTokens(*chat_enc, (*data)->tokens);
+    const int64_t max_ctx = facts.limits.max_context_tokens;
+    absl::Status bad;
+    if (tokens.empty()) {
+      bad = absl::InvalidArgumentError("input.chat: the messages add no tokens to the conversation");
+    } else if (meta->tokens_seen + static_cast<int64_t>(tokens.size()) > max_ctx) {
+      bad = absl::InvalidArgumentError(absl::StrCat("input: ", tokens.size(), " tokens + ", meta->tokens_seen,
+                                                    " in the session exceed max_context_tokens (", max_ctx, ")"));
+    }
+    if (!bad.ok()) {
+      store->Release(req->session_id);
+      return done(bad);
+    }
+  }
+  TurnSpec spec;
+  spec.kind = TurnKind::kAppend;
+  spec.tokens = std::move(tokens);
+  spec.config = meta->config;
+  spec.memory = meta->memory;
+  spec.base = *data;
+  spec.prefill_chunk = config.prefill_chunk;
+  spec.progress = ProgressAdapter(progress, admitted);
+  absl::StatusOr<std::unique_ptr<TurnJob>> turn = TurnJob::Start(model.get(), std::move(spec));
+  if (!turn.ok()) {
+    store->Release(req->session_id);
+    return done(turn.status());
+  }
+  auto j = std::make_unique<ActiveJob>();
+  j->id = next_work_id++;
+  j->turn = std::move(*turn);
+  j->cancel = std::move(cancel);
+  j->caller = req->caller;
+  j->session_id = req->session_id;
+  j->session_done = std::move(done);
+  j->admitted = admitted;
+  if (req->input.kind == InputSpec::Kind::kChat) {
+    j->new_messages = req->input.chat;
+    if (!req->input.tools_json.empty()) j->tools_json = req->input.tools_json;
+  }
+  jobs.push_back(std::move(j));
+}
+
+void Engine::Impl::AdmitGenerate(std::unique_ptr<Stream> s) {
+  const GenerateParams& p = s->params();
+  absl::StatusOr<SessionMeta> meta =
+      p.commit ? store->Claim(p.session_id, p.caller.tenant) : store->Get(p.session_id, p.caller.tenant, true);
+  if (!meta.ok()) return s->Finish(meta.status());
+  // Positions: the last sampled token is never fed back, so without commit a session
+  // of n tokens can sample max_context - n + 1 more (llama2.c's run.c does the same).
+  // A commit feeds every generated token (and the end-of-turn id) back: n + max_tokens
+  // must fit.
+  const int64_t max_ctx = facts.limits.max_context_tokens;
+  const int64_t room = p.commit ? max_ctx - meta->tokens_seen : max_ctx - meta->tokens_seen + 1;
+  if (p.max_tokens > room) {
+    if (p.commit) store->Release(p.session_id);
+    return s->Finish(absl::InvalidArgumentError(absl::StrCat(
+        "max_tokens: the session holds ", meta->tokens_seen, " tokens; ", p.max_tokens, " more",
+        p.commit ? " (committed)" : "", " exceed max_context_tokens (", max_ctx, "): at most ", std::max<int64_t>(room, 0))));
+  }
+  absl::StatusOr<std::shared_ptr<SessionData>> data = SessionDataFor(p.session_id, p.caller.tenant);
+  if (!data.ok()) {
+    if (p.commit) store->Release(p.session_id);
+    return s->Finish(data.status());
+  }
+  // A chat session's turn also ends at the template's end-of-turn token.
+  std::vector<int> stops = eos_ids;
+  if (!meta->messages.empty() && chat.has_value()) {
+    for (int id : model::EndOfTurnIds(*chat, *tokenizer)) {
+      if (std::find(stops.begin(), stops.end(), id) == stops.end()) stops.push_back(id);
+    }
+  }
+  try {
+    s->Begin((*data)->hot.Clone(), (*data)->last_logits, (*data)->tokens, std::move(stops), tokenizer.get());
+  } catch (const std::exception& e) {
+    if (p.commit) store->Release(p.session_id);
+    return s->Finish(absl::InternalError(absl::StrCat("copying the session cache: ", e.what())));
+  }
+  streams.push_back(std::move(s));
+}
+
+}  // namespace echokv::server

@@ -1,0 +1,669 @@
+// Engine's public methods (any thread): requests are checked and handed to the
+// engine thread's inbox; ImportSession's transfer (engine_impl.h).
+#include "server/engine_impl.h"
+
+#ifndef ECHOKV_VERSION
+#define ECHOKV_VERSION "0.0.0"
+#endif
+
+namespace echokv::server {
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config, EngineObserver* observer) {
+  ECHOKV_RETURN_IF_ERROR(config.Validate());
+  model::DeviceOptions dev;
+  dev.device = config.device;
+  dev.dtype = config.dtype;
+  dev.num_threads = config.threads;
+  ECHOKV_RETURN_IF_ERROR(dev.Validate());
+  ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<model::Transformer> model, model::Transformer::Load(config.model_dir, dev));
+  ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<model::Tokenizer> tokenizer, model::LoadTokenizer(config.model_dir));
+  std::optional<model::ChatTemplate> chat;
+  std::optional<std::string> chat_override;
+  if (!config.chat_template.empty()) chat_override = config.chat_template;
+  absl::StatusOr<model::ChatTemplate> loaded = model::LoadChatTemplate(config.model_dir, chat_override);
+  if (!loaded.ok() && chat_override.has_value()) {
+    return absl::Status(loaded.status().code(), absl::StrCat("--chat_template: ", loaded.status().message()));
+  }
+  std::string chat_error;
+  if (loaded.ok()) {
+    chat = *loaded;
+  } else {
+    chat_error = std::string(loaded.status().message());
+    ECHOKV_LOG(INFO) << "chat input disabled: " << chat_error;
+  }
+  ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                          CreateWithModel(config, std::move(model), std::move(tokenizer), chat, observer, RealClock()));
+  engine->impl_->chat_error = chat_error;
+  return engine;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithModel(const EngineConfig& config,
+                                                               std::shared_ptr<const model::Transformer> model,
+                                                               std::shared_ptr<const model::Tokenizer> tokenizer,
+                                                               std::optional<model::ChatTemplate> chat,
+                                                               EngineObserver* observer, const Clock* clock) {
+  ECHOKV_RETURN_IF_ERROR(config.Validate());
+  if (model == nullptr || tokenizer == nullptr || clock == nullptr) {
+    return absl::InvalidArgumentError("CreateWithModel: model, tokenizer and clock are required");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->observer = observer;
+  impl->clock = clock;
+  impl->model = std::move(model);
+  impl->tokenizer = std::move(tokenizer);
+  impl->chat = std::move(chat);
+  if (!impl->chat.has_value()) impl->chat_error = "no chat template";
+  const model::ModelConfig& mc = impl->model->config();
+  try {
+    impl->bytes_per_token = impl->model->NewCache().FullEquivalentKvBytes(1);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("cache shape: ", e.what()));
+  }
+  impl->eos_ids = impl->tokenizer->eos_ids();
+  for (int id : mc.eos_token_ids) {
+    if (std::find(impl->eos_ids.begin(), impl->eos_ids.end(), id) == impl->eos_ids.end()) impl->eos_ids.push_back(id);
+  }
+  ServerFacts& f = impl->facts;
+  f.version = ECHOKV_VERSION;
+  f.model_type = std::string(model::ModelTypeName(mc.type));
+  {
+    std::string dir = config.model_dir;
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    const size_t slash = dir.find_last_of('/');
+    f.model_name = slash == std::string::npos ? dir : dir.substr(slash + 1);
+  }
+  f.num_layers = mc.num_layers;
+  f.num_heads = mc.num_heads;
+  f.num_kv_heads = mc.num_kv_heads;
+  f.head_dim = mc.head_dim;
+  f.hidden_size = mc.hidden_size;
+  f.vocab_size = mc.vocab_size;
+  f.max_context = mc.max_position_embeddings;
+  f.tokenizer_kind = std::string(impl->tokenizer->kind());
+  f.chat_template = impl->chat.has_value();
+  f.kv_bytes_per_token = impl->bytes_per_token;
+  f.device = impl->model->device_options().device;
+  f.dtype = impl->model->device_options().dtype;
+  for (compression::PolicyKind k : compression::AllPolicies()) f.policies.emplace_back(compression::PolicyName(k));
+  f.default_compression = config.default_compression;
+  f.default_memory = config.default_memory;
+  f.limits = config.limits;
+  if (f.limits.max_context_tokens == 0) f.limits.max_context_tokens = mc.max_position_embeddings;
+  f.replica_id = config.replica_id;
+
+  SessionLimits sl;
+  sl.max_sessions = config.limits.max_sessions;
+  sl.max_kv_bytes = config.limits.max_kv_bytes;
+  sl.max_cold_bytes = config.limits.max_cold_bytes;
+  impl->store = std::make_unique<SessionStore>(sl, clock, config.replica_id);
+  SchedulerOptions so;
+  so.max_step_tokens = config.max_step_tokens;
+  so.min_prefill_tokens = std::min<int64_t>(16, config.max_step_tokens);
+  ECHOKV_RETURN_IF_ERROR(so.Validate());
+  impl->scheduler = std::make_unique<Scheduler>(so);
+  impl->runner = std::make_unique<Runner>(impl->model.get());
+  impl->edge = std::make_unique<WorkerPool>(config.edge_threads);
+  impl->transfer = std::make_unique<WorkerPool>(2);
+  if (!config.state_dir.empty()) ECHOKV_RETURN_IF_ERROR(impl->OpenDurableState());
+  impl->Heartbeat();
+  Impl* raw = impl.get();
+  std::unique_ptr<Engine> engine(new Engine(std::move(impl)));
+  raw->thread = std::thread([raw] { raw->Loop(); });
+  ECHOKV_LOG(INFO) << "engine ready: " << f.model_type << " " << f.model_name << ", " << f.num_layers
+                   << " layers, device " << f.device << " " << f.dtype << ", default memory "
+                   << MemoryModeName(config.default_memory);
+  return engine;
+}
+
+const ServerFacts& Engine::facts() const { return impl_->facts; }
+const model::Tokenizer& Engine::tokenizer() const { return *impl_->tokenizer; }
+
+void Engine::CreateSession(CreateRequest request, CancelFlag cancel, ProgressFn progress, DoneFn<SessionInfo> done) {
+  Impl* impl = impl_.get();
+  cancel = OrFreshFlag(std::move(cancel));
+  const absl::Time admitted = impl->clock->Now();
+  auto req = std::make_shared<CreateRequest>(std::move(request));
+  impl->edge->Submit([impl, req, cancel, progress, done, admitted](bool shutting_down) {
+    if (shutting_down) return done(absl::UnavailableError("server is shutting down"));
+    if (cancel->load()) return done(absl::CancelledError("cancelled before it started"));
+    if (absl::Status s = impl->CheckTtl(req->ttl); !s.ok()) return done(s);
+    if (absl::Status s = req->config.Validate(); !s.ok()) {
+      return done(absl::InvalidArgumentError(absl::StrCat("compression.", s.message())));
+    }
+    if (progress) progress(ProgressEvent{"tokenize", 0, 1, absl::ToDoubleSeconds(impl->clock->Now() - admitted)});
+    absl::StatusOr<std::vector<int>> tokens =
+        impl->Tokenize(req->input, /*default_special=*/true, impl->facts.limits.max_context_tokens, 0);
+    if (!tokens.ok()) return done(tokens.status());
+    auto ids = std::make_shared<std::vector<int>>(std::move(*tokens));
+    if (!impl->Post([impl, req, cancel, progress, done, ids, admitted] {
+          impl->AdmitCreate(req, cancel, progress, done, std::move(*ids), admitted);
+        }, cancel)) {
+      done(absl::UnavailableError("server is shutting down"));
+    }
+  });
+}
+
+void Engine::AppendToSession(AppendRequest request, CancelFlag cancel, ProgressFn progress, DoneFn<SessionInfo> done) {
+  Impl* impl = impl_.get();
+  cancel = OrFreshFlag(std::move(cancel));
+  const absl::Time admitted = impl->clock->Now();
+  auto req = std::make_shared<AppendRequest>(std::move(request));
+  impl->edge->Submit([impl, req, cancel, progress, done, admitted](bool shutting_down) {
+    if (shutting_down) return done(absl::UnavailableError("server is shutting down"));
+    if (cancel->load()) return done(absl::CancelledError("cancelled before it started"));
+    if (!IsValidSessionId(req->session_id)) {
+      return done(absl::InvalidArgumentError(
+          absl::StrCat("session_id ", EscapedIdPrefix(req->session_id), " is malformed")));
+    }
+    // Claim first: the tokens count against the session's room, and no other mutation
+    // may slip in between.
+    absl::StatusOr<SessionMeta> meta = impl->store->Claim(req->session_id, req->caller.tenant);
+    if (!meta.ok()) return done(meta.status());
+    if (progress) progress(ProgressEvent{"tokenize", 0, 1, absl::ToDoubleSeconds(impl->clock->Now() - admitted)});
+    const int64_t room = impl->facts.limits.max_context_tokens - meta->tokens_seen;
+    std::vector<int> ids;
+    std::optional<Engine::Impl::ChatEncoding> enc;
+    if (req->input.kind == InputSpec::Kind::kChat && impl->chat.has_value() && !req->input.chat.empty()) {
+      // The whole conversation is rendered; the engine keeps what the session lacks.
+      absl::Status s = impl->CheckRequestBytes(req->input);
+      absl::StatusOr<Engine::Impl::ChatEncoding> e = absl::UnknownError("");
+      if (s.ok()) {
+        const std::string& tools = req->input.tools_json.empty() ? meta->tools_json : req->input.tools_json;
+        e = impl->EncodeConversation(meta->messages, req->input.chat, tools, req->input.add_generation_prompt);
+        s = e.status();
+      }
+      if (!s.ok()) {
+        impl->store->Release(req->session_id);
+        return done(s);
+      }
+      enc = std::move(*e);
+    } else {
+      absl::StatusOr<std::vector<int>> tokens =
+          impl->Tokenize(req->input, /*default_special=*/false, room, meta->tokens_seen);
+      if (!tokens.ok()) {
+        impl->store->Release(req->session_id);
+        return done(tokens.status());
+      }
+      ids = std::move(*tokens);
+    }
+    auto ids_ptr = std::make_shared<std::vector<int>>(std::move(ids));
+    auto enc_ptr = std::make_shared<std::optional<Engine::Impl::ChatEncoding>>(std::move(enc));
+    if (!impl->Post([impl, req, cancel, progress, done, ids_ptr, enc_ptr, admitted] {
+          impl->AdmitAppend(req, cancel, progress, done, std::move(*ids_ptr), std::move(*enc_ptr), admitted);
+        }, cancel)) {
+      impl->store->Release(req->session_id);
+      done(absl::UnavailableError("server is shutting down"));
+    }
+  });
+}
+
+void Engine::Generate(GenerateParams params, CancelFlag cancel, StreamSink sink, DoneFn<GenerateSummary> done) {
+  Impl* impl = impl_.get();
+  cancel = OrFreshFlag(std::move(cancel));
+  const EngineLimits& limits = impl->facts.limits;
+  auto fail = [&](absl::Status s) { done(std::move(s)); };
+  if (!IsValidSessionId(params.session_id)) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("session_id ", EscapedIdPrefix(params.session_id), " is malformed")));
+  }
+  if (params.max_tokens < 1 || params.max_tokens > limits.max_new_tokens) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("max_tokens must be in [1, ", limits.max_new_tokens,
+                                                        "] (max_new_tokens), got ", params.max_tokens)));
+  }
+  if (absl::Status s = params.sampling.Validate(); !s.ok()) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("sampling.", s.message())));
+  }
+  if (params.stop.size() > 16) return fail(absl::InvalidArgumentError("stop: at most 16 stop strings"));
+  for (size_t i = 0; i < params.stop.size(); ++i) {
+    if (params.stop[i].empty() || params.stop[i].size() > 256) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("stop[", i, "] must be 1..256 bytes, got ", params.stop[i].size())));
+    }
+  }
+  for (size_t i = 0; i < params.stop_ids.size(); ++i) {
+    if (params.stop_ids[i] < 0 || params.stop_ids[i] >= impl->facts.vocab_size) {
+      return fail(absl::InvalidArgumentError(absl::StrCat("stop_token_ids[", i, "] = ", params.stop_ids[i],
+                                                          " is outside the vocabulary")));
+    }
+  }
+  struct Pending {
+    GenerateParams params;
+    CancelFlag cancel;
+    StreamSink sink;
+    DoneFn<GenerateSummary> done;
+    absl::Time admitted;
+  };
+  auto pending = std::make_shared<Pending>(
+      Pending{std::move(params), cancel, std::move(sink), std::move(done), impl->clock->Now()});
+  if (!impl->Post(
+          [impl, pending] {
+            impl->AdmitGenerate(std::make_unique<Stream>(impl->next_work_id++, std::move(pending->params),
+                                                         std::move(pending->cancel), std::move(pending->sink),
+                                                         std::move(pending->done), pending->admitted));
+          },
+          cancel)) {
+    pending->done(absl::UnavailableError("server is shutting down"));
+  }
+}
+
+void Engine::Compress(Caller caller, InputSpec input, compression::CompressionConfig config, CancelFlag cancel,
+                      DoneFn<CompressOutcome> done) {
+  Impl* impl = impl_.get();
+  cancel = OrFreshFlag(std::move(cancel));
+  const absl::Time admitted = impl->clock->Now();
+  auto in = std::make_shared<InputSpec>(std::move(input));
+  impl->edge->Submit([impl, caller, in, config, cancel, done, admitted](bool shutting_down) {
+    if (shutting_down) return done(absl::UnavailableError("server is shutting down"));
+    if (cancel->load()) return done(absl::CancelledError("cancelled before it started"));
+    if (absl::Status s = config.Validate(); !s.ok()) {
+      return done(absl::InvalidArgumentError(absl::StrCat("compression.", s.message())));
+    }
+    absl::StatusOr<std::vector<int>> tokens =
+        impl->Tokenize(*in, /*default_special=*/true, impl->facts.limits.max_context_tokens, 0);
+    if (!tokens.ok()) return done(tokens.status());
+    auto ids = std::make_shared<std::vector<int>>(std::move(*tokens));
+    if (!impl->Post([impl, caller, config, cancel, done, ids, admitted] {
+          TurnSpec spec;
+          spec.kind = TurnKind::kCompress;
+          spec.tokens = std::move(*ids);
+          spec.config = config;
+          spec.prefill_chunk = impl->config.prefill_chunk;
+          absl::StatusOr<std::unique_ptr<TurnJob>> turn = TurnJob::Start(impl->model.get(), std::move(spec));
+          if (!turn.ok()) return done(turn.status());
+          auto j = std::make_unique<ActiveJob>();
+          j->id = impl->next_work_id++;
+          j->turn = std::move(*turn);
+          j->cancel = cancel;
+          j->caller = caller;
+          j->compress_done = done;
+          j->admitted = admitted;
+          impl->jobs.push_back(std::move(j));
+        }, cancel)) {
+      done(absl::UnavailableError("server is shutting down"));
+    }
+  });
+}
+
+void Engine::ForkSession(Caller caller, std::string session_id, std::optional<absl::Duration> ttl,
+                         DoneFn<SessionInfo> done) {
+  Impl* impl = impl_.get();
+  if (!IsValidSessionId(session_id)) {
+    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+  }
+  if (absl::Status s = impl->CheckTtl(ttl); !s.ok()) return done(s);
+  auto d = std::make_shared<DoneFn<SessionInfo>>(std::move(done));
+  if (!impl->Post([impl, caller, session_id, ttl, d] {
+        // A read of the source: allowed while it is busy; sees its committed state.
+        absl::StatusOr<SessionMeta> meta = impl->store->Get(session_id, caller.tenant, true);
+        if (!meta.ok()) return (*d)(meta.status());
+        absl::StatusOr<std::shared_ptr<SessionData>> src = impl->SessionDataFor(session_id, caller.tenant);
+        if (!src.ok()) return (*d)(src.status());
+        absl::StatusOr<SessionStore::Reservation> r =
+            impl->store->Reserve(caller.tenant, meta->hot_bytes, meta->cold_bytes, meta->cold_in_memory);
+        if (!r.ok()) {
+          impl->Reject(r.status());
+          return (*d)(r.status());
+        }
+        auto data = std::make_shared<SessionData>();
+        try {
+          const SessionData& from = **src;
+          data->hot = from.hot.Clone();
+          data->last_logits = from.last_logits.clone();
+          data->tokens = from.tokens;
+          if (from.cold != nullptr) {
+            absl::StatusOr<model::KvCache> cold = from.cold->ClonePrefix(from.cold_len);
+            if (!cold.ok()) {
+              impl->store->Unreserve(*r);
+              return (*d)(cold.status());
+            }
+            data->cold = std::make_shared<model::KvCache>(std::move(*cold));
+            data->cold_len = from.cold_len;
+            data->window_queries = from.window_queries;    // never modified in place
+            data->window_positions = from.window_positions;
+            data->h2o_scores = from.h2o_scores;
+          }
+        } catch (const std::exception& e) {
+          impl->store->Unreserve(*r);
+          return (*d)(absl::InternalError(absl::StrCat("fork: ", e.what())));
+        }
+        SessionMeta copy = *meta;
+        copy.id = r->id;
+        copy.tenant = caller.tenant;
+        copy.created = copy.last_used = impl->clock->Now();
+        copy.ttl = ttl.value_or(meta->ttl);
+        copy.busy = false;
+        data->segments_since_full = 0;
+        auto reservation = std::make_shared<SessionStore::Reservation>(*r);
+        // Answers once the fork is in the store (and on disk first when durable).
+        auto finish = [impl, caller, reservation, copy, data, d](absl::Status written) {
+          if (!written.ok()) {
+            impl->store->Unreserve(*reservation);
+            return (*d)(written);
+          }
+          if (absl::Status s = impl->store->Insert(*reservation, copy, data); !s.ok()) {
+            impl->Reject(s);
+            impl->ForgetOnDisk(reservation->id);
+            return (*d)(s);
+          }
+          if (impl->observer != nullptr) impl->observer->OnSessionCreated();
+          absl::StatusOr<SessionMeta> now = impl->store->Get(reservation->id, caller.tenant, false);
+          (*d)(now.ok() ? absl::StatusOr<SessionInfo>(impl->Info(*now)) : now.status());
+        };
+        if (impl->durable == nullptr) return finish(absl::OkStatus());
+        absl::StatusOr<TurnRecord> rec = EncodeTurn(copy, *data, 0, /*full=*/true);
+        if (!rec.ok()) return finish(rec.status());
+        auto record = std::make_shared<TurnRecord>(std::move(*rec));
+        impl->io->Submit([impl, record, finish](bool shutting_down) {
+          absl::Status st = shutting_down ? absl::UnavailableError("server is shutting down")
+                                          : impl->durable->WriteTurn(record->meta, record->segment);
+          if (!impl->Post([finish, st] { finish(st); })) finish(absl::UnavailableError("server is shutting down"));
+        });
+      })) {
+    (*d)(absl::UnavailableError("server is shutting down"));
+  }
+}
+
+void Engine::GetSession(Caller caller, std::string session_id, DoneFn<SessionInfo> done) {
+  if (!IsValidSessionId(session_id)) {
+    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+  }
+  absl::StatusOr<SessionMeta> meta = impl_->store->Get(session_id, caller.tenant, /*touch=*/true);
+  if (!meta.ok()) return done(meta.status());
+  done(impl_->Info(*meta));
+}
+
+void Engine::ListSessions(Caller caller, DoneFn<std::vector<SessionInfo>> done) {
+  std::vector<SessionInfo> out;
+  for (const SessionMeta& m : impl_->store->List(caller.tenant)) out.push_back(impl_->Info(m));
+  done(std::move(out));
+}
+
+void Engine::DeleteSession(Caller caller, std::string session_id, DoneFn<int64_t> done) {
+  if (!IsValidSessionId(session_id)) {
+    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+  }
+  absl::StatusOr<int64_t> freed = impl_->store->Delete(session_id, caller.tenant);
+  Impl* impl = impl_.get();
+  if (!freed.ok() || impl->durable == nullptr || !impl->durable->Contains(session_id)) return done(std::move(freed));
+  // Answered only once the files are gone, like every other mutation: an acknowledged delete
+  // must not come back after a crash (the writer may still be busy with other sessions' turns).
+  impl->io->Submit([impl, session_id, bytes = *freed, done = std::move(done)](bool) {
+    absl::Status s = impl->durable->DeleteSession(session_id);
+    if (!s.ok() && !absl::IsNotFound(s)) {
+      ECHOKV_LOG(ERROR) << "removing a saved session failed: " << s.message();
+      return done(absl::Status(s.code(), absl::StrCat("removing the saved session: ", s.message())));
+    }
+    done(bytes);
+  });
+}
+
+void Engine::InspectCache(Caller caller, std::string session_id, bool include_positions,
+                          DoneFn<CacheInspection> done) {
+  Impl* impl = impl_.get();
+  if (!IsValidSessionId(session_id)) {
+    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+  }
+  auto d = std::make_shared<DoneFn<CacheInspection>>(std::move(done));
+  if (!impl->Post([impl, caller, session_id, include_positions, d] {
+        absl::StatusOr<SessionMeta> meta = impl->store->Get(session_id, caller.tenant, true);
+        if (!meta.ok()) return (*d)(meta.status());
+        absl::StatusOr<std::shared_ptr<SessionData>> data = impl->SessionDataFor(session_id, caller.tenant);
+        if (!data.ok()) return (*d)(data.status());
+        const model::KvCache& hot = (*data)->hot;
+        CacheInspection out;
+        out.session = impl->Info(*meta);
+        out.layers = impl->Layers(hot.cells(), include_positions);
+        for (const LayerCacheInfo& l : out.layers) out.total_retained_entries += l.retained * impl->facts.num_kv_heads;
+        out.total_kv_bytes = hot.KvBytes();
+        out.full_equivalent_kv_bytes = hot.FullEquivalentKvBytes(meta->tokens_seen);
+        out.position_bytes = hot.PositionBytes();
+        out.cold_kv_bytes = meta->cold_bytes;
+        (*d)(std::move(out));
+      })) {
+    (*d)(absl::UnavailableError("server is shutting down"));
+  }
+}
+
+void Engine::ExportSession(Caller caller, std::string session_id, CancelFlag cancel, ExportSink sink,
+                           DoneFn<int64_t> done) {
+  Impl* impl = impl_.get();
+  if (!IsValidSessionId(session_id)) {
+    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+  }
+  cancel = OrFreshFlag(std::move(cancel));
+  auto sink_ptr = std::make_shared<ExportSink>(std::move(sink));
+  auto d = std::make_shared<DoneFn<int64_t>>(std::move(done));
+  if (!impl->Post([impl, caller, session_id, cancel, sink_ptr, d] {
+        // A read of the committed state: allowed while a mutation runs.
+        absl::StatusOr<SessionMeta> meta = impl->store->Get(session_id, caller.tenant, /*touch=*/true);
+        if (!meta.ok()) return (*d)(meta.status());
+        if (impl->durable != nullptr && impl->durable->Contains(session_id)) {
+          // Saved sessions stream straight from their files.
+          return impl->transfer->Submit([impl, session_id, cancel, sink_ptr, d](bool shutting_down) {
+            if (shutting_down) return (*d)(absl::UnavailableError("server is shutting down"));
+            absl::StatusOr<std::unique_ptr<state::SnapshotExporter>> exporter = impl->durable->Export(session_id);
+            if (!exporter.ok()) return (*d)(exporter.status());
+            impl->StreamExport(**exporter, cancel, *sink_ptr, *d);
+          });
+        }
+        // In memory only: one superseding segment of the whole state, through a scratch
+        // store, in the same format.
+        absl::StatusOr<std::shared_ptr<SessionData>> data = impl->SessionDataFor(session_id, caller.tenant);
+        if (!data.ok()) return (*d)(data.status());
+        absl::StatusOr<TurnRecord> rec = EncodeTurn(*meta, **data, 0, /*full=*/true);
+        if (!rec.ok()) return (*d)(rec.status());
+        auto record = std::make_shared<TurnRecord>(std::move(*rec));
+        impl->transfer->Submit([impl, record, cancel, sink_ptr, d](bool shutting_down) {
+          if (shutting_down) return (*d)(absl::UnavailableError("server is shutting down"));
+          absl::StatusOr<std::unique_ptr<Impl::ScratchStore>> scratch = impl->MakeScratchStore();
+          if (!scratch.ok()) return (*d)(scratch.status());
+          if (absl::Status s = (*scratch)->store->WriteTurn(record->meta, record->segment); !s.ok()) return (*d)(s);
+          absl::StatusOr<std::unique_ptr<state::SnapshotExporter>> exporter =
+              (*scratch)->store->Export(record->meta.id);
+          if (!exporter.ok()) return (*d)(exporter.status());
+          impl->StreamExport(**exporter, cancel, *sink_ptr, *d);
+        });
+      })) {
+    (*d)(absl::UnavailableError("server is shutting down"));
+  }
+}
+
+namespace {
+
+// ImportSession: bytes go to an importer on a transfer thread (in order: one task at a
+// time per import), into the durable store or a scratch store; Finish admits the
+// session under the store's limits.
+class SessionImportImpl : public SessionImport {
+ public:
+  SessionImportImpl(Engine::Impl* impl, Caller caller, bool keep_id, std::optional<absl::Duration> ttl)
+      : impl_(impl), caller_(std::move(caller)), keep_id_(keep_id), ttl_(ttl) {}
+
+  void Feed(std::string chunk, std::function<void(absl::Status)> done) override;
+  void Finish(DoneFn<SessionInfo> done) override;
+
+ private:
+  absl::Status Start();
+  absl::StatusOr<SessionInfo> Complete();
+
+  Engine::Impl* impl_;                                       // not owned; outlives the call
+  Caller caller_;
+  bool keep_id_;
+  std::optional<absl::Duration> ttl_;
+  std::unique_ptr<Engine::Impl::ScratchStore> scratch_;      // in-memory servers only
+  std::unique_ptr<state::SnapshotImporter> importer_;        // created on the first chunk
+};
+
+}  // namespace
+
+std::unique_ptr<SessionImport> Engine::BeginImport(Caller caller, bool keep_id, std::optional<absl::Duration> ttl) {
+  return std::make_unique<SessionImportImpl>(impl_.get(), std::move(caller), keep_id, ttl);
+}
+
+namespace {
+
+absl::Status SessionImportImpl::Start() {
+  if (importer_ != nullptr) return absl::OkStatus();
+  if (impl_->durable != nullptr) {
+    importer_ = impl_->durable->BeginImport();
+    return absl::OkStatus();
+  }
+  ECHOKV_ASSIGN_OR_RETURN(scratch_, impl_->MakeScratchStore());
+  importer_ = scratch_->store->BeginImport();
+  return absl::OkStatus();
+}
+
+void SessionImportImpl::Feed(std::string chunk, std::function<void(absl::Status)> done) {
+  auto bytes = std::make_shared<std::string>(std::move(chunk));
+  impl_->transfer->Submit([this, bytes, done](bool shutting_down) {
+    if (shutting_down) return done(absl::UnavailableError("server is shutting down"));
+    absl::Status s = Start();
+    if (s.ok()) s = importer_->Feed(*bytes);
+    done(s);
+  });
+}
+
+void SessionImportImpl::Finish(DoneFn<SessionInfo> done) {
+  impl_->transfer->Submit([this, done](bool shutting_down) {
+    if (shutting_down) return done(absl::UnavailableError("server is shutting down"));
+    done(Complete());
+  });
+}
+
+absl::StatusOr<SessionInfo> SessionImportImpl::Complete() {
+  ECHOKV_RETURN_IF_ERROR(Start());
+  const state::SessionManifest* parsed = importer_->manifest();
+  if (parsed == nullptr) {
+    // Let the importer name what is missing (a truncated stream).
+    absl::StatusOr<state::SessionManifest> m = importer_->Finish();
+    return m.ok() ? absl::InternalError("import: the snapshot ended before its manifest") : m.status();
+  }
+  ECHOKV_ASSIGN_OR_RETURN(SessionMeta incoming, MetaFromManifest(*parsed, *impl_->model));
+  const bool in_memory = impl_->durable == nullptr;
+  const bool cold_in_memory = in_memory && incoming.memory == MemoryMode::kTiered;
+  absl::StatusOr<SessionStore::Reservation> r =
+      keep_id_ ? impl_->store->ReserveId(incoming.id, caller_.tenant, incoming.hot_bytes, incoming.cold_bytes,
+                                         cold_in_memory)
+               : impl_->store->Reserve(caller_.tenant, incoming.hot_bytes, incoming.cold_bytes, cold_in_memory);
+  if (!r.ok()) {
+    impl_->Reject(r.status());
+    return r.status();
+  }
+  const absl::Time now = impl_->clock->Now();
+  absl::StatusOr<state::SessionManifest> committed =
+      importer_->Finish(r->id, [this, now](state::SessionMeta& m) {
+        m.tenant = caller_.tenant;
+        m.last_used = now;
+        if (ttl_.has_value()) m.ttl = *ttl_;
+        return absl::OkStatus();
+      });
+  if (!committed.ok()) {
+    impl_->store->Unreserve(*r);
+    return committed.status();
+  }
+  absl::StatusOr<SessionMeta> meta = MetaFromManifest(*committed, *impl_->model);
+  std::shared_ptr<SessionData> data;
+  if (meta.ok() && in_memory) {
+    // Load it now: the scratch store goes away with this import.
+    absl::StatusOr<std::unique_ptr<state::SessionReader>> reader = scratch_->store->OpenSession(r->id);
+    absl::StatusOr<std::shared_ptr<SessionData>> loaded =
+        reader.ok() ? LoadSessionData(**reader, *impl_->model) : reader.status();
+    if (!loaded.ok()) {
+      impl_->store->Unreserve(*r);
+      return loaded.status();
+    }
+    data = std::move(*loaded);
+    meta->cold_in_memory = data->cold != nullptr;
+  }
+  if (!meta.ok()) {
+    impl_->store->Unreserve(*r);
+    impl_->ForgetOnDisk(r->id);
+    return meta.status();
+  }
+  meta->last_used = now;
+  if (absl::Status s = impl_->store->Insert(*r, *meta, std::move(data)); !s.ok()) {
+    impl_->Reject(s);
+    impl_->ForgetOnDisk(r->id);
+    return s;
+  }
+  if (impl_->observer != nullptr) impl_->observer->OnSessionCreated();
+  ECHOKV_ASSIGN_OR_RETURN(SessionMeta now_meta, impl_->store->Get(r->id, caller_.tenant, false));
+  return impl_->Info(now_meta);
+}
+
+}  // namespace
+
+void Engine::SessionTokens(Caller caller, std::string session_id, DoneFn<std::vector<int>> done) {
+  Impl* impl = impl_.get();
+  if (!IsValidSessionId(session_id)) {
+    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+  }
+  auto d = std::make_shared<DoneFn<std::vector<int>>>(std::move(done));
+  if (!impl->Post([impl, caller, session_id, d] {
+        absl::StatusOr<std::shared_ptr<SessionData>> data = impl->SessionDataFor(session_id, caller.tenant);
+        if (!data.ok()) return (*d)(data.status());
+        (*d)((*data)->tokens);
+      })) {
+    (*d)(absl::UnavailableError("server is shutting down"));
+  }
+}
+
+StoreTotals Engine::Totals() const { return impl_->store->Totals(); }
+
+void Engine::SetTenantQuotas(absl::flat_hash_map<std::string, TenantQuota> quotas) {
+  impl_->store->SetTenantQuotas(std::move(quotas));
+}
+
+void Engine::Wake() {
+  absl::MutexLock lock(&impl_->mu);
+  impl_->wake = true;
+}
+
+EngineHealth Engine::Health() const {
+  EngineHealth h;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    h.queued = static_cast<int>(impl_->inbox.size());
+  }
+  h.queued += impl_->work_items.load() + impl_->edge->queued();
+  const absl::Time last = absl::FromUnixNanos(impl_->last_progress_ns.load());
+  h.seconds_since_step = std::max(0.0, absl::ToDoubleSeconds(impl_->clock->Now() - last));
+  h.serving = !(h.queued > 0 && impl_->clock->Now() - last > impl_->config.stuck_after);
+  return h;
+}
+
+void Engine::CancelAll() {
+  absl::MutexLock lock(&impl_->mu);
+  for (const auto& w : impl_->cancels) {
+    if (auto c = w.lock()) c->store(true);
+  }
+}
+
+void Engine::Shutdown() {
+  {
+    absl::MutexLock lock(&impl_->mu);
+    if (!impl_->accepting && !impl_->thread.joinable()) return;
+    impl_->accepting = false;
+    impl_->stop = true;
+    for (const auto& w : impl_->cancels) {
+      if (auto c = w.lock()) c->store(true);
+    }
+  }
+  // Edge work still queued answers UNAVAILABLE; writes in flight finish (queued ones
+  // are refused); then the engine drains.
+  impl_->edge->Shutdown();
+  impl_->transfer->Shutdown();
+  if (impl_->io != nullptr) impl_->io->Shutdown();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+int Engine::QueueDepth() const {
+  absl::MutexLock lock(&impl_->mu);
+  return static_cast<int>(impl_->inbox.size()) + impl_->work_items.load() + impl_->edge->queued();
+}
+
+}  // namespace echokv::server
