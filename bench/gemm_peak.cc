@@ -20,50 +20,43 @@
 
 namespace {
 
-// GFLOP/s of out [m, n] = a [m, k] b[n, k]^T (the layout of a linear layer), repeated for
-// at least `seconds` after one warm-up product; the best of three such runs.
-double Measure(int64_t m, int64_t n, int64_t k, double seconds) {
-  at::Tensor a = at::randn({m, k}), b = at::randn({n, k}), out = at::empty({m, n});
-  at::mm_out(out, a, b.t());
+// GFLOP/s of `product` (which does `flop` floating-point operations), repeated for at
+// least `seconds` after one warm-up call; the best of three such runs.
+template <typename Fn>
+double BestRate(double flop, double seconds, Fn product) {
+  product();
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     int64_t iters = 0;
     const auto t0 = std::chrono::steady_clock::now();
     double elapsed = 0;
     while (elapsed < seconds / 3) {
-      at::mm_out(out, a, b.t());
+      product();
       ++iters;
       elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    best = std::max(best, 2.0 * m * n * k * iters / elapsed / 1e9);
+    best = std::max(best, flop * iters / elapsed / 1e9);
   }
   return best;
+}
+
+// GFLOP/s of out [m, n] = a [m, k] b[n, k]^T (the layout of a linear layer) through
+// OpenBLAS.
+double Measure(int64_t m, int64_t n, int64_t k, double seconds) {
+  at::Tensor a = at::randn({m, k}), b = at::randn({n, k}), out = at::empty({m, n});
+  return BestRate(2.0 * m * n * k, seconds, [&] { at::mm_out(out, a, b.t()); });
 }
 
 // The same for kernels::MatMulRows: row blocks of 24 split over the OpenMP pool.
 double MeasureRows(int64_t m, int64_t n, int64_t k, double seconds) {
   at::Tensor a = at::randn({m, k}), b = at::randn({n, k}), out = at::empty({m, n});
   const int64_t block = 24, blocks = (n + block - 1) / block;
-  auto run = [&] {
+  return BestRate(2.0 * m * n * k, seconds, [&] {
     at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
       echokv::kernels::MatMulRows(b.data_ptr<float>(), a.data_ptr<float>(), nullptr, m, n, k, out.data_ptr<float>(),
                                   b0 * block, std::min(n, b1 * block));
     });
-  };
-  run();
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    int64_t iters = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    double elapsed = 0;
-    while (elapsed < seconds / 3) {
-      run();
-      ++iters;
-      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-    best = std::max(best, 2.0 * m * n * k * iters / elapsed / 1e9);
-  }
-  return best;
+  });
 }
 
 }  // namespace
