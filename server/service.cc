@@ -192,11 +192,41 @@ absl::StatusOr<Caller> Admit(grpc::CallbackServerContext* ctx, const TokenStore*
   return caller;
 }
 
+// Coalescing (see StreamReactor): appends `later`, a delta queued after `earlier`, to
+// `earlier` and returns true, so that one message carries both. The client-visible
+// concatenation is unchanged: ids and logprobs (one per id, in order) are appended and
+// the texts concatenated. The message with `final` is never merged (it stays the last
+// message of the stream, on its own, as before). Other message kinds are not merged.
+bool MergeInto(pb::GenerateResponse* earlier, pb::GenerateResponse* later) {
+  if (earlier->has_final() || later->has_final()) return false;
+  earlier->mutable_text()->append(later->text());
+  earlier->mutable_token_ids()->MergeFrom(later->token_ids());
+  for (pb::TokenLogprob& lp : *later->mutable_logprobs()) earlier->add_logprobs()->Swap(&lp);
+  return true;
+}
+template <typename Response>
+bool MergeInto(Response*, Response*) {
+  return false;  // progress events, snapshot chunks: one message each
+}
+
 // A server-streaming call: messages queued from any thread, one write in flight.
+//
+// While a write is in flight, Generate deltas queued behind it are coalesced into one
+// message (MergeInto): a reader (or a transport) that lags gets fewer, larger messages
+// with the same ids and text instead of one gRPC message per token, which is where a
+// loaded server spent its time (serialization, HTTP/2 frames, a write completion and a
+// client wakeup per token; docs/BENCHMARKS.md, issue 14).
+//
+// Backpressure counts deltas, not messages: Backlog() = deltas queued (merged or not)
+// + deltas in the write in flight, i.e. what the client has not taken yet, as the
+// OpenAI path counts it (openai_server.cc). The engine skips the stream at
+// EngineLimits::max_stream_backlog, so a reader that never reads holds at most that
+// many deltas here (bounded memory) whatever the message boundaries are.
 template <typename Response>
 class StreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  StreamReactor(EchoKvService* service, const char* method) : service_(service), method_(method) {}
+  StreamReactor(EchoKvService* service, const char* method)
+      : service_(service), method_(method), max_backlog_(service->engine()->facts().limits.max_stream_backlog) {}
 
   CancelFlag cancel() const { return cancel_; }
 
@@ -207,18 +237,24 @@ class StreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     return s;
   }
 
-  // Messages queued or in flight that the client has not taken yet (backpressure).
+  // Deltas queued or in flight that the client has not taken yet (backpressure).
   int Backlog() {
     absl::MutexLock lock(&mu_);
-    return static_cast<int>(queue_.size()) + (writing_ ? 1 : 0);
+    return queued_ + writing_;
   }
 
-  // Queues one message (any thread; never blocks).
+  // Queues one message (any thread; never blocks), merged into the last queued one
+  // when a write is in flight and both are plain deltas.
   void Push(Response message) {
     {
       absl::MutexLock lock(&mu_);
       if (closing_ || broken_) return;
-      queue_.push_back(std::move(message));
+      ++queued_;
+      if (writing_ > 0 && !queue_.empty() && MergeInto(&queue_.back().message, &message)) {
+        ++queue_.back().count;
+        return;  // the write in flight pumps the merged message when it completes
+      }
+      queue_.push_back({std::move(message), 1});
     }
     Pump();
   }
@@ -230,23 +266,33 @@ class StreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       if (closing_) return;
       closing_ = true;
       status_ = ToGrpcStatus(status);
-      if (!status.ok()) queue_.clear();
+      if (!status.ok()) {
+        queue_.clear();
+        queued_ = 0;
+      }
     }
     Pump();
   }
 
   void OnWriteDone(bool ok) override {
     EchoKvService* service = service_;  // `this` may be gone once Pump() starts Finish
+    bool wake = false;
     {
       absl::MutexLock lock(&mu_);
-      writing_ = false;
+      // The engine skips the stream while the backlog is at the limit (it may have
+      // looked at any moment since the write started): wake it only if that could be
+      // so, not once per message.
+      wake = queued_ + writing_ >= max_backlog_;
+      writing_ = 0;
       if (!ok) {  // the client went away: stop the work, drop what is queued
         broken_ = true;
         queue_.clear();
+        queued_ = 0;
         cancel_->store(true);
+        wake = true;
       }
     }
-    service->engine()->Wake();  // a stream held back by its backlog may run again
+    if (wake) service->engine()->Wake();  // a stream held back by its backlog may run again
     Pump();
   }
 
@@ -259,17 +305,24 @@ class StreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
  private:
-  // Starts the next write or the Finish, outside the lock.
+  struct Queued {
+    Response message;
+    int count;  // deltas merged into it
+  };
+
+  // Starts the next write or the Finish; serializes outside the lock.
   void Pump() {
     enum class Action { kNone, kWrite, kFinish };
     Action action = Action::kNone;
+    std::optional<Response> next;
     {
       absl::MutexLock lock(&mu_);
-      if (finished_ || writing_) return;
+      if (finished_ || writing_ > 0) return;
       if (!queue_.empty()) {
-        current_ = ToBytes(queue_.front());
+        next.emplace(std::move(queue_.front().message));
+        writing_ = queue_.front().count;
+        queued_ -= writing_;
         queue_.pop_front();
-        writing_ = true;
         action = Action::kWrite;
       } else if (closing_) {
         finished_ = true;
@@ -278,6 +331,7 @@ class StreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     switch (action) {
       case Action::kWrite:
+        current_ = ToBytes(*next);  // only this thread writes: writing_ > 0 keeps others out
         this->StartWrite(&current_);
         break;
       case Action::kFinish:
@@ -290,12 +344,14 @@ class StreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   EchoKvService* service_;       // not owned
   const char* method_;           // RPC name for metrics
+  const int max_backlog_;        // EngineLimits::max_stream_backlog
   std::optional<std::string> slot_tenant_;  // holds a stream slot of this tenant
   CancelFlag cancel_ = std::make_shared<std::atomic<bool>>(false);  // shared with the engine job
   absl::Mutex mu_;
-  std::deque<Response> queue_ ABSL_GUARDED_BY(mu_);  // messages not yet written
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);  // messages not yet written
+  int queued_ ABSL_GUARDED_BY(mu_) = 0;            // deltas in queue_ (sum of counts)
   grpc::ByteBuffer current_;     // the write in flight (touched only by the writer)
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;        // a write is in flight
+  int writing_ ABSL_GUARDED_BY(mu_) = 0;           // deltas in the write in flight (0: none)
   bool closing_ ABSL_GUARDED_BY(mu_) = false;        // Close was called
   bool broken_ ABSL_GUARDED_BY(mu_) = false;         // a write failed
   bool finished_ ABSL_GUARDED_BY(mu_) = false;       // Finish was called

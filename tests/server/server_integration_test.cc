@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -330,6 +331,127 @@ TEST_F(ServerTest, EightConcurrentStreamsEachEqualOffline) {
     ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
     EXPECT_EQ(results[i].ids, offline_->Greedy(prompts[i], compression::PolicyKind::kEchoKv, 64, 40)) << i;
   }
+}
+
+// Every message of one Generate stream, as the client received it.
+struct Streamed {
+  grpc::Status status;
+  std::vector<pb::GenerateResponse> messages;
+  std::string text;
+  std::vector<int> ids;
+  std::vector<std::string> logprobs;  // one serialized TokenLogprob per id
+  int max_ids_per_message = 0;
+};
+
+Streamed StreamAll(pb::EchoKV::Stub* stub, const pb::GenerateRequest& req, std::chrono::milliseconds pause) {
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  Streamed out;
+  pb::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+    out.messages.push_back(msg);
+    out.text += msg.text();
+    out.ids.insert(out.ids.end(), msg.token_ids().begin(), msg.token_ids().end());
+    for (const pb::TokenLogprob& lp : msg.logprobs()) out.logprobs.push_back(lp.SerializeAsString());
+    out.max_ids_per_message = std::max(out.max_ids_per_message, msg.token_ids_size());
+    if (pause.count() > 0) std::this_thread::sleep_for(pause);
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+// Coalescing (service.cc StreamReactor): a reader that lags gets the deltas queued
+// behind the write in flight merged into fewer messages. What it reads, concatenated,
+// must be exactly what a fast reader of the same seeded generation reads: the same ids,
+// text, logprobs (one per id, in order) and final message, last and on its own.
+TEST_F(ServerTest, SlowReaderGetsCoalescedDeltasWithTheSameIdsTextAndLogprobs) {
+  Created c = CreateSession(server_->stub(), CreateRequest("Once upon a time", "full", 0));
+  ASSERT_TRUE(c.status.ok()) << c.status.error_message();
+  pb::GenerateRequest req;
+  req.set_session_id(c.session.id());
+  req.set_max_tokens(400);
+  req.set_ignore_eos(true);
+  req.mutable_sampling()->set_temperature(0.9f);
+  req.mutable_sampling()->set_seed(20261201);
+  req.mutable_sampling()->set_logprobs(true);
+  req.mutable_sampling()->set_top_logprobs(2);
+
+  const Streamed fast = StreamAll(server_->stub(), req, std::chrono::milliseconds(0));
+  // The slow reader: a 1 KiB HTTP/2 window (no BDP growth) and a pause after every
+  // message, so the server's writes stall and deltas pile up behind them.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  auto slow_stub = pb::EchoKV::NewStub(grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                                                 grpc::InsecureChannelCredentials(), args));
+  const Streamed slow = StreamAll(slow_stub.get(), req, std::chrono::milliseconds(3));
+
+  for (const Streamed* s : {&fast, &slow}) {
+    SCOPED_TRACE(s == &fast ? "fast reader" : "slow reader");
+    ASSERT_TRUE(s->status.ok()) << s->status.error_message();
+    ASSERT_EQ(s->ids.size(), 400u);
+    // The text is the tokenizer's decoding of the ids (an oracle outside the server).
+    EXPECT_EQ(s->text, offline_->Decode(s->ids));
+    EXPECT_EQ(s->logprobs.size(), s->ids.size());
+    for (size_t i = 0; i < s->messages.size(); ++i) {
+      const pb::GenerateResponse& m = s->messages[i];
+      EXPECT_EQ(m.logprobs_size(), m.token_ids_size()) << "message " << i;
+      for (int k = 0; k < m.logprobs_size(); ++k) EXPECT_EQ(m.logprobs(k).token_id(), m.token_ids(k));
+      // The final message is the last one, on its own.
+      EXPECT_EQ(m.has_final(), i + 1 == s->messages.size()) << "message " << i;
+      if (m.has_final()) EXPECT_EQ(m.token_ids_size() + m.text().size(), 0u);
+    }
+    ASSERT_FALSE(s->messages.empty());
+    EXPECT_EQ(s->messages.back().final().generated_tokens(), 400);
+    EXPECT_EQ(s->messages.back().final().finish_reason(), pb::GenerateResponse::Final::LENGTH);
+  }
+  // The slow reader's messages were merged (else this test shows nothing)...
+  EXPECT_GT(slow.max_ids_per_message, 1);
+  EXPECT_LT(slow.messages.size(), slow.ids.size());
+  // ...and carry exactly the fast reader's stream.
+  EXPECT_EQ(slow.ids, fast.ids);
+  EXPECT_EQ(slow.text, fast.text);
+  EXPECT_EQ(slow.logprobs, fast.logprobs);
+  EXPECT_EQ(slow.messages.back().final().prompt_tokens(), fast.messages.back().final().prompt_tokens());
+}
+
+// Backpressure with coalescing: the backlog counts deltas, not messages, so a reader
+// that never reads is held back after max_stream_backlog deltas (bounded memory), not
+// fed every token merged into one ever-growing message. Observed through commit=true:
+// a held-back generation keeps its session busy; one that ran to its end would not.
+TEST_F(ServerTest, ReaderThatNeverReadsIsHeldBackDespiteCoalescing) {
+  Created c = CreateSession(server_->stub(), CreateRequest("Once upon a time", "full", 0));
+  ASSERT_TRUE(c.status.ok()) << c.status.error_message();
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  auto slow_stub = pb::EchoKV::NewStub(grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                                                 grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext gctx;
+  pb::GenerateRequest g;
+  g.set_session_id(c.session.id());
+  g.set_max_tokens(400);  // ~0.1 s of decoding when nothing holds it back
+  g.set_ignore_eos(true);
+  g.set_commit(true);
+  auto gen = slow_stub->Generate(&gctx, g);
+  pb::GenerateResponse delta;
+  ASSERT_TRUE(gen->Read(&delta));  // then never read again
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  auto busy = [&] {
+    grpc::ClientContext ctx;
+    pb::GetSessionRequest req;
+    req.set_session_id(c.session.id());
+    pb::Session s;
+    EXPECT_TRUE(server_->stub()->GetSession(&ctx, req, &s).ok());
+    return s.busy();
+  };
+  EXPECT_TRUE(busy()) << "the generation ran to its end although its reader never read";
+  gctx.TryCancel();
+  while (gen->Read(&delta)) {
+  }
+  EXPECT_EQ(gen->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  for (int i = 0; i < 100 && busy(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(busy());
 }
 
 TEST_F(ServerTest, ClientCancelLeavesServerHealthy) {
