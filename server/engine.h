@@ -60,7 +60,7 @@ struct EngineLimits {
   absl::Duration max_session_ttl = absl::Hours(24);     // largest ttl a client may ask
   int max_concurrent_streams = 64;          // streaming RPCs + Compress in flight
   int64_t max_request_bytes = int64_t{4} << 20;  // input bytes before tokenizing
-  int max_stream_backlog = 16;              // unread messages before a stream is skipped
+  int max_stream_backlog = 16;              // unread deltas before a stream is skipped
   absl::Status Validate() const;            // names the bad field
 };
 
@@ -231,9 +231,11 @@ template <typename T>
 using DoneFn = std::function<void(absl::StatusOr<T>)>;
 using ProgressFn = std::function<void(const ProgressEvent&)>;
 
-// Where a stream's output goes. `backlog` (may be empty) reports how many messages the
-// reader has not taken yet; at EngineLimits::max_stream_backlog the scheduler skips the
-// stream until the reader catches up (the reactor calls Engine::Wake then).
+// Where a stream's output goes. `backlog` (may be empty) reports how many deltas the
+// reader has not taken yet (queued or being written, however they are grouped into
+// messages: the gRPC reactor merges the deltas queued behind a write in flight); at
+// EngineLimits::max_stream_backlog the scheduler skips the stream until the reader
+// catches up (the reactor calls Engine::Wake then).
 struct StreamSink {
   std::function<void(GenerateDelta)> on_delta;
   std::function<int()> backlog;
