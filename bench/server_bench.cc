@@ -1,7 +1,8 @@
 // echokv-bench-server: N concurrent streaming clients against one echokv-server.
 // Starts the server binary itself (on stories260K from $ECHOKV_TEST_DATA or --model),
 // then for each N in --clients creates N sessions and streams N Generate calls at
-// once, --rounds times: aggregate tokens/s (all tokens / wall time of the round),
+// once, --rounds times (from one client thread and completion queue; --client_threads:
+// one blocking thread per stream): aggregate tokens/s (all tokens / wall time of the round),
 // p50/p99 time to first token (client side, from the Generate call to the first token;
 // the sessions exist already, so this excludes prefill and compression) and
 // inter-token latency (gap between streamed messages, shared by the ids in a message).
@@ -62,6 +63,9 @@ ABSL_FLAG(std::string, server_binary, "",
 ABSL_FLAG(std::string, model, "",
           "Model directory; default $ECHOKV_TEST_DATA/models/stories260K");
 ABSL_FLAG(std::string, clients, "1,4,16", "Concurrent streaming clients, comma separated");
+ABSL_FLAG(bool, client_threads, false,
+          "Sessions created beforehand: one blocking client thread per stream (the bench before issue 14) "
+          "instead of one thread reading every stream from a completion queue");
 ABSL_FLAG(int, rounds, 3, "Generations per client per concurrency level");
 ABSL_FLAG(int, max_tokens, 64, "Tokens per generation (EOS ignored)");
 ABSL_FLAG(std::string, policy, "echokv", "Compression policy of the sessions");
@@ -204,34 +208,101 @@ struct StreamResult {
   std::vector<double> inter_token_s;   // gaps between successive tokens
 };
 
-StreamResult StreamOnce(v1::EchoKV::Stub& stub, const std::string& session_id, int max_tokens,
-                        std::optional<Clock::time_point> origin = std::nullopt) {
-  StreamResult result;
+// One received message: its ids' share of the gap since the previous message (or the
+// TTFT when it is the first with ids). Shared by the sync and the async readers.
+void Record(const v1::GenerateResponse& message, Clock::time_point now, Clock::time_point* last,
+            std::optional<Clock::time_point> origin, StreamResult* result) {
+  const int n = message.token_ids_size();
+  if (n == 0) return;
+  const double gap = std::chrono::duration<double>(now - *last).count();
+  // A message may carry several ids (the server holds back incomplete UTF-8 and merges
+  // the deltas queued behind a write in flight): the gap is shared evenly by its ids, so
+  // every token contributes one sample.
+  if (result->tokens == 0) {
+    result->ttft_s = origin.has_value() ? std::chrono::duration<double>(now - *origin).count() : gap;
+    for (int i = 1; i < n; ++i) result->inter_token_s.push_back(0.0);
+  } else {
+    for (int i = 0; i < n; ++i) result->inter_token_s.push_back(gap / n);
+  }
+  result->tokens += n;
+  *last = now;
+}
+
+v1::GenerateRequest BenchRequest(const std::string& session_id, int max_tokens) {
   v1::GenerateRequest request;
   request.set_session_id(session_id);
   request.set_max_tokens(max_tokens);
   request.set_ignore_eos(true);
+  return request;
+}
+
+// Streams one Generate per session at once from this one thread (one completion queue,
+// async reads): the measurement is the same as StreamOnce's (client-side time of each
+// streamed message, tokens counted from the messages), without one blocked client
+// thread per stream, whose wakeups competed with the server for the same cores.
+std::vector<StreamResult> StreamAllAsync(v1::EchoKV::Stub& stub, const std::vector<std::string>& session_ids,
+                                         int max_tokens) {
+  struct Call {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientAsyncReader<v1::GenerateResponse>> reader;
+    v1::GenerateResponse message;
+    grpc::Status status;
+    Clock::time_point last;
+    enum class State { kStarting, kReading, kFinishing } state = State::kStarting;
+    StreamResult result;
+  };
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<Call>> calls;
+  for (const std::string& id : session_ids) {
+    auto call = std::make_unique<Call>();
+    call->reader = stub.PrepareAsyncGenerate(&call->context, BenchRequest(id, max_tokens), &cq);
+    calls.push_back(std::move(call));
+  }
+  for (auto& call : calls) {
+    call->last = Clock::now();            // the Generate call: origin of the TTFT
+    call->reader->StartCall(call.get());  // its completion starts the first Read
+  }
+  size_t open = calls.size();
+  void* tag = nullptr;
+  bool ok = false;
+  while (open > 0 && cq.Next(&tag, &ok)) {
+    Call* call = static_cast<Call*>(tag);
+    switch (call->state) {
+      case Call::State::kFinishing:
+        call->result.status = client::FromGrpcStatus(call->status);
+        --open;
+        continue;
+      case Call::State::kStarting:
+        call->state = Call::State::kReading;
+        break;
+      case Call::State::kReading:
+        if (ok) Record(call->message, Clock::now(), &call->last, std::nullopt, &call->result);
+        break;
+    }
+    if (ok) {
+      call->reader->Read(&call->message, call);
+    } else {  // the stream ended (or never started): its status says which
+      call->state = Call::State::kFinishing;
+      call->reader->Finish(&call->status, call);
+    }
+  }
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  std::vector<StreamResult> results;
+  for (auto& call : calls) results.push_back(std::move(call->result));
+  return results;
+}
+
+StreamResult StreamOnce(v1::EchoKV::Stub& stub, const std::string& session_id, int max_tokens,
+                        std::optional<Clock::time_point> origin = std::nullopt) {
+  StreamResult result;
   grpc::ClientContext context;
   const Clock::time_point start = Clock::now();
-  auto reader = stub.Generate(&context, request);
+  auto reader = stub.Generate(&context, BenchRequest(session_id, max_tokens));
   v1::GenerateResponse message;
   Clock::time_point last = start;
-  while (reader->Read(&message)) {
-    const int n = message.token_ids_size();
-    if (n == 0) continue;
-    const Clock::time_point now = Clock::now();
-    const double gap = std::chrono::duration<double>(now - last).count();
-    // A message may carry several ids (the server holds back incomplete UTF-8): the
-    // gap is shared evenly by its ids, so every token contributes one sample.
-    if (result.tokens == 0) {
-      result.ttft_s = origin.has_value() ? std::chrono::duration<double>(now - *origin).count() : gap;
-      for (int i = 1; i < n; ++i) result.inter_token_s.push_back(0.0);
-    } else {
-      for (int i = 0; i < n; ++i) result.inter_token_s.push_back(gap / n);
-    }
-    result.tokens += n;
-    last = now;
-  }
+  while (reader->Read(&message)) Record(message, Clock::now(), &last, origin, &result);
   result.status = client::FromGrpcStatus(reader->Finish());
   return result;
 }
@@ -388,17 +459,23 @@ int Run() {
       double wall_s = 0;
       for (int round = 0; round < rounds && exit_code == 0; ++round) {
         std::vector<StreamResult> results(n);
-        absl::Barrier* barrier = new absl::Barrier(n + 1);  // deleted by the last Block()
-        std::vector<std::thread> threads;
-        for (int i = 0; i < n; ++i) {
-          threads.emplace_back([&, i] {
-            if (barrier->Block()) delete barrier;
-            results[i] = StreamOnce(*stub, ids[i], max_tokens);
-          });
+        Clock::time_point start;
+        if (absl::GetFlag(FLAGS_client_threads)) {
+          absl::Barrier* barrier = new absl::Barrier(n + 1);  // deleted by the last Block()
+          std::vector<std::thread> threads;
+          for (int i = 0; i < n; ++i) {
+            threads.emplace_back([&, i] {
+              if (barrier->Block()) delete barrier;
+              results[i] = StreamOnce(*stub, ids[i], max_tokens);
+            });
+          }
+          start = Clock::now();
+          if (barrier->Block()) delete barrier;
+          for (std::thread& t : threads) t.join();
+        } else {
+          start = Clock::now();
+          results = StreamAllAsync(*stub, ids, max_tokens);
         }
-        const Clock::time_point start = Clock::now();
-        if (barrier->Block()) delete barrier;
-        for (std::thread& t : threads) t.join();
         wall_s += std::chrono::duration<double>(Clock::now() - start).count();
         for (const StreamResult& r : results) {
           if (!r.status.ok()) {
