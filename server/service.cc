@@ -213,9 +213,9 @@ bool MergeInto(Response*, Response*) {
 //
 // While a write is in flight, Generate deltas queued behind it are coalesced into one
 // message (MergeInto): a reader (or a transport) that lags gets fewer, larger messages
-// with the same ids and text instead of one gRPC message per token, which is where a
-// loaded server spent its time (serialization, HTTP/2 frames, a write completion and a
-// client wakeup per token; docs/BENCHMARKS.md, issue 14).
+// with the same ids and text instead of one gRPC message per token (each costs a
+// serialization, HTTP/2 frames, a write completion and a client wakeup; measured in
+// docs/BENCHMARKS.md, issue 14).
 //
 // Backpressure counts deltas, not messages: Backlog() = deltas queued (merged or not)
 // + deltas in the write in flight, i.e. what the client has not taken yet, as the
