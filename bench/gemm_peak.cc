@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   if (set_blas != nullptr) set_blas(1);
   for (int64_t rows : {1, 16, 64}) {
     std::printf("%3lld x 512 x 1376, echokv MatMulRows (%s, OpenMP %d threads): %.1f GFLOP/s\n",
-                static_cast<long long>(rows), echokv::kernels::MatMulRowsIsa().c_str(), threads,
+                static_cast<long long>(rows), echokv::kernels::MatMulRowsIsa().c_str(), at::get_num_threads(),
                 MeasureRows(rows, 1376, 512, seconds / 2));
   }
   return 0;
