@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/attention_isa.h"
+#include "kernels/cpu_isa.h"
 
 namespace echokv::kernels {
 namespace {
@@ -17,12 +18,13 @@ struct Choice {
   KernelFns fns;
 };
 
+// The x86 builds exist only where CMake compiled them (ECHOKV_ATTENTION_X86).
 bool Supported(const std::string& isa) {
 #if defined(ECHOKV_ATTENTION_X86)
-  if (isa == "avx512") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-  if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#endif
+  return CpuRunsIsa(isa);
+#else
   return isa == "scalar";
+#endif
 }
 
 Choice Make(const std::string& isa) {

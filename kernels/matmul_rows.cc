@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cpu_isa.h"
 #include "kernels/vec16.h"
 
 namespace echokv::kernels {
@@ -119,14 +120,6 @@ void RunScalar(const float* w, const float* x, const float* bias, int64_t n, int
   Drive<1, 2, 2>(w, x, bias, n, rows, cols, y, r0, r1);
 }
 
-bool Supported(const std::string& isa) {
-#if defined(__x86_64__)
-  if (isa == "avx512") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-  if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#endif
-  return isa == "scalar";
-}
-
 struct Choice {
   const char* isa;
   Fn fn;
@@ -140,7 +133,7 @@ constexpr Choice kAvx2{"avx2", RunAvx2, 2};
 constexpr Choice kScalar{"scalar", RunScalar, 1};
 
 const Choice* Find(const std::string& isa) {
-  if (!Supported(isa)) return nullptr;
+  if (!CpuRunsIsa(isa)) return nullptr;
 #if defined(__x86_64__)
   if (isa == "avx512") return &kAvx512;
   if (isa == "avx2") return &kAvx2;
