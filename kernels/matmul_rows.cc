@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 
 #include "kernels/cpu_isa.h"
 #include "kernels/vec16.h"
@@ -103,21 +102,24 @@ __attribute__((always_inline)) inline void Drive(const float* w, const float* x,
 
 using Fn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, float*, int64_t, int64_t);
 
+// Weight rows per batch tile of each build (MatMulRowsBlock reports them).
+constexpr int kAvx512Rows = 4, kAvx2Rows = 2, kScalarRows = 1;
+
 // Tile shapes: AVX-512 has 32 vector registers (4 x 6 = 24 accumulators, the rest for
 // loads); AVX2 has 16 of half the width, so a pair takes 2 (2 x 3 = 12).
 #if defined(__x86_64__)
 __attribute__((target("avx512f,fma"))) void RunAvx512(const float* w, const float* x, const float* bias, int64_t n,
                                                       int64_t rows, int64_t cols, float* y, int64_t r0, int64_t r1) {
-  Drive<4, 6, 8>(w, x, bias, n, rows, cols, y, r0, r1);
+  Drive<kAvx512Rows, 6, 8>(w, x, bias, n, rows, cols, y, r0, r1);
 }
 __attribute__((target("avx2,fma"))) void RunAvx2(const float* w, const float* x, const float* bias, int64_t n,
                                                  int64_t rows, int64_t cols, float* y, int64_t r0, int64_t r1) {
-  Drive<2, 3, 4>(w, x, bias, n, rows, cols, y, r0, r1);
+  Drive<kAvx2Rows, 3, 4>(w, x, bias, n, rows, cols, y, r0, r1);
 }
 #endif
 void RunScalar(const float* w, const float* x, const float* bias, int64_t n, int64_t rows, int64_t cols, float* y,
                int64_t r0, int64_t r1) {
-  Drive<1, 2, 2>(w, x, bias, n, rows, cols, y, r0, r1);
+  Drive<kScalarRows, 2, 2>(w, x, bias, n, rows, cols, y, r0, r1);
 }
 
 struct Choice {
@@ -127,10 +129,10 @@ struct Choice {
 };
 
 #if defined(__x86_64__)
-constexpr Choice kAvx512{"avx512", RunAvx512, 4};
-constexpr Choice kAvx2{"avx2", RunAvx2, 2};
+constexpr Choice kAvx512{"avx512", RunAvx512, kAvx512Rows};
+constexpr Choice kAvx2{"avx2", RunAvx2, kAvx2Rows};
 #endif
-constexpr Choice kScalar{"scalar", RunScalar, 1};
+constexpr Choice kScalar{"scalar", RunScalar, kScalarRows};
 
 const Choice* Find(const std::string& isa) {
   if (!CpuRunsIsa(isa)) return nullptr;

@@ -130,7 +130,8 @@ float* Scratch(ScratchSlot slot, int64_t n) {
 // chains), each summed by vec16::Reduce; smaller ones: one lane per dimension. Always
 // inlined into ScoreRows' clones, so each is compiled for that clone's instruction set.
 template <int kDim>
-__attribute__((always_inline)) inline void ScoreRowsFixed(const float* q, const float* keys, int64_t n, float scale, float* scores) {
+__attribute__((always_inline)) inline void ScoreRowsFixed(const float* q, const float* keys, int64_t n, float scale,
+                                                          float* scores) {
   if constexpr (kDim % 16 == 0) {
     using kernels::vec16::V16;
     constexpr int kVecs = kDim / 16, kKeys = 4;
@@ -458,13 +459,15 @@ struct Transformer::Impl {
     const int64_t pos = cache->next_position();
     // Every buffer of the step carved from this thread's scratch (nothing is allocated
     // per token but the returned logits).
-    const int64_t sizes[] = {D, D, (H + 2 * G) * d, H * d, D, 2 * I, I, D, d / 2, d / 2};
+    float *x, *h, *qkv, *attn, *o, *gu, *act, *down, *cos, *sin;
+    const std::pair<float**, int64_t> parts[] = {{&x, D},         {&h, D},       {&qkv, (H + 2 * G) * d},
+                                                 {&attn, H * d},  {&o, D},       {&gu, 2 * I},
+                                                 {&act, I},       {&down, D},    {&cos, d / 2},
+                                                 {&sin, d / 2}};
     int64_t total = 0;
-    for (int64_t n : sizes) total += n;
+    for (const auto& [ptr, n] : parts) total += n;
     float* next = Scratch(kDecodeScratch, total);
-    auto take = [&next](int64_t n) { return std::exchange(next, next + n); };
-    float *x = take(D), *h = take(D), *qkv = take((H + 2 * G) * d), *attn = take(H * d), *o = take(D);
-    float *gu = take(2 * I), *act = take(I), *down = take(D), *cos = take(d / 2), *sin = take(d / 2);
+    for (const auto& [ptr, n] : parts) *ptr = std::exchange(next, next + n);
     std::copy(embed.data_ptr<float>() + token * D, embed.data_ptr<float>() + (token + 1) * D, x);
     const float* inv = inv_freq.data_ptr<float>();
     for (int64_t i = 0; i < d / 2; ++i) {
@@ -477,8 +480,8 @@ struct Transformer::Impl {
     for (int l = 0; l < c.num_layers; ++l) {
       const Layer& w = layers[l];
       RmsNormRow(x, w.input_norm.data_ptr<float>(), D, c.rms_norm_eps, h);
-      MatVec(w.wqkv.data_ptr<float>(), h, w.bqkv.defined() ? w.bqkv.data_ptr<float>() : nullptr,
-             (H + 2 * G) * d, D, qkv);
+      MatVec(w.wqkv.data_ptr<float>(), h, w.bqkv.defined() ? w.bqkv.data_ptr<float>() : nullptr, (H + 2 * G) * d, D,
+             qkv);
       float* q = qkv;
       float* k = q + H * d;
       float* v = k + G * d;
@@ -495,8 +498,7 @@ struct Transformer::Impl {
       for (int64_t hh = 0; hh < H; ++hh) {
         AttendHead(*cache, l, q + hh * d, hh / r, pos, window, scale, attn + hh * d);
       }
-      MatVec(w.wo.data_ptr<float>(), attn, w.bo.defined() ? w.bo.data_ptr<float>() : nullptr, D, H * d,
-             o);
+      MatVec(w.wo.data_ptr<float>(), attn, w.bo.defined() ? w.bo.data_ptr<float>() : nullptr, D, H * d, o);
       for (int64_t i = 0; i < D; ++i) x[i] += o[i];
       RmsNormRow(x, w.post_norm.data_ptr<float>(), D, c.rms_norm_eps, h);
       MatVec(w.w_gate_up.data_ptr<float>(), h, nullptr, 2 * I, D, gu);
