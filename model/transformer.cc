@@ -677,6 +677,9 @@ absl::StatusOr<std::vector<DecodeResult>> Transformer::Impl::DecodeBatchCpu(absl
       RmsNormRow(RowPtr(x, i), w.post_norm.data_ptr<float>(), D, c.rms_norm_eps, RowPtr(h, i));
     }
     BatchedLinear(blas, h, w.w_gate_up, at::Tensor(), gu);
+    // SiLU rows split over the pool (std::exp per entry: 0.6 ms of a 16-row step of the
+    // 40M model on one thread).
+#pragma omp parallel for schedule(static) if (!blas && N * I >= kMinParallelWork)
     for (int64_t i = 0; i < N; ++i) {
       const float* gi = RowPtr(gu, i);
       float* ai = RowPtr(act, i);
