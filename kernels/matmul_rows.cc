@@ -18,7 +18,7 @@ using vec16::V16;
 // 16 lanes accumulated over the columns, vec16::Reduce, then the remaining columns one by
 // one. Compiled into each ISA's entry point below (always_inline), so `a += b * c`
 // becomes an FMA where the entry point's target has one (-ffp-contract=fast on this file).
-template <int RT, int CT, bool kPrefetchNext = false>
+template <int RT, int CT, bool kManyReduce, bool kPrefetchNext = false>
 __attribute__((always_inline)) inline void Tile(const float* w, const float* x, const float* bias, int64_t rows,
                                                 int64_t cols, float* y) {
   V16 acc[RT][CT];
@@ -37,9 +37,25 @@ __attribute__((always_inline)) inline void Tile(const float* w, const float* x, 
       for (int c = 0; c < CT; ++c) acc[r][c] += wv * xv[c];
     }
   }
+  // The accumulators' sums: one by one, or (kManyReduce: builds with 512-bit two-source
+  // shuffles) 16 at a time by vec16::ReduceMany, the same bits in fewer instructions.
+  constexpr int kSums = RT * CT;
+  static_assert(kSums <= 32, "tiles of at most 32 accumulators");
+  float sums[32];
+  if constexpr (kManyReduce && kSums > 1) {
+    const V16* flat = &acc[0][0];
+    const V16 lo = vec16::ReduceMany<(kSums < 16 ? kSums : 16)>(flat);
+    for (int i = 0; i < (kSums < 16 ? kSums : 16); ++i) sums[i] = lo[i];
+    if constexpr (kSums > 16) {
+      const V16 hi = vec16::ReduceMany<kSums - 16>(flat + 16);
+      for (int i = 0; i < kSums - 16; ++i) sums[16 + i] = hi[i];
+    }
+  } else {
+    for (int i = 0; i < kSums; ++i) sums[i] = vec16::Reduce((&acc[0][0])[i]);
+  }
   for (int r = 0; r < RT; ++r) {
     for (int c = 0; c < CT; ++c) {
-      float s = vec16::Reduce(acc[r][c]);
+      float s = sums[r * CT + c];
       for (int64_t t = k; t < cols; ++t) s += w[r * cols + t] * x[c * cols + t];
       y[c * rows + r] = s + (bias ? bias[r] : 0.0f);
     }
@@ -48,18 +64,18 @@ __attribute__((always_inline)) inline void Tile(const float* w, const float* x, 
 
 // The inputs [i, n) left after whole CT-wide tiles (fewer than CT): one tile of exactly
 // that width, so a batch of 16 is 6 + 6 + 4 inputs, not 6 + 6 + 1 + 1 + 1 + 1.
-template <int RT, int CT>
+template <int RT, int CT, bool kMany>
 __attribute__((always_inline)) inline void Rest(int64_t left, const float* w, const float* x, const float* bias,
                                                 int64_t rows, int64_t cols, float* y) {
   if constexpr (CT > 1) {
-    if (left == CT - 1) return Tile<RT, CT - 1>(w, x, bias, rows, cols, y);
-    return Rest<RT, CT - 1>(left, w, x, bias, rows, cols, y);
+    if (left == CT - 1) return Tile<RT, CT - 1, kMany>(w, x, bias, rows, cols, y);
+    return Rest<RT, CT - 1, kMany>(left, w, x, bias, rows, cols, y);
   }
 }
 
 // Rows [r0, r1) against all n inputs: RT x CT tiles for batches (each tile's RT weight
 // rows stay in L1 while a block of inputs passes), RV x 1 for n = 1.
-template <int RT, int CT, int RV>
+template <int RT, int CT, int RV, bool kMany>
 __attribute__((always_inline)) inline void Drive(const float* w, const float* x, const float* bias, int64_t n,
                                                  int64_t rows, int64_t cols, float* y, int64_t r0, int64_t r1) {
   // Tile writes y[c * rows + r] relative to its arguments: pass y shifted to (r, i).
@@ -68,8 +84,8 @@ __attribute__((always_inline)) inline void Drive(const float* w, const float* x,
   auto b = [&](int64_t r) { return bias ? bias + r : no_bias; };
   if (n == 1) {
     int64_t r = r0;
-    for (; r + RV <= r1; r += RV) Tile<RV, 1>(w + r * cols, x, b(r), rows, cols, at(r, 0));
-    for (; r < r1; ++r) Tile<1, 1>(w + r * cols, x, b(r), rows, cols, at(r, 0));
+    for (; r + RV <= r1; r += RV) Tile<RV, 1, kMany>(w + r * cols, x, b(r), rows, cols, at(r, 0));
+    for (; r < r1; ++r) Tile<1, 1, kMany>(w + r * cols, x, b(r), rows, cols, at(r, 0));
     return;
   }
   // Inputs in blocks of 2 CT: a block's inputs stay in L1 while the range's rows pass
@@ -86,16 +102,16 @@ __attribute__((always_inline)) inline void Drive(const float* w, const float* x,
       // weights (from memory), so they arrive while this one computes: +14 % for 16
       // streams of the 40M model, +4 % for 64 (a two-tile distance was slower at 16).
       if (i0 == 0 && i + CT <= i1 && r + 2 * RT <= r1) {
-        Tile<RT, CT, true>(w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
+        Tile<RT, CT, kMany, true>(w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
         i += CT;
       }
-      for (; i + CT <= i1; i += CT) Tile<RT, CT>(w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
-      if (i < i1) Rest<RT, CT>(i1 - i, w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
+      for (; i + CT <= i1; i += CT) Tile<RT, CT, kMany>(w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
+      if (i < i1) Rest<RT, CT, kMany>(i1 - i, w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
     }
     for (; r < r1; ++r) {
       int64_t i = i0;
-      for (; i + CT <= i1; i += CT) Tile<1, CT>(w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
-      if (i < i1) Rest<1, CT>(i1 - i, w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
+      for (; i + CT <= i1; i += CT) Tile<1, CT, kMany>(w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
+      if (i < i1) Rest<1, CT, kMany>(i1 - i, w + r * cols, x + i * cols, b(r), rows, cols, at(r, i));
     }
   }
 }
@@ -110,16 +126,16 @@ constexpr int kAvx512Rows = 4, kAvx2Rows = 2, kScalarRows = 1;
 #if defined(__x86_64__)
 __attribute__((target("avx512f,fma"))) void RunAvx512(const float* w, const float* x, const float* bias, int64_t n,
                                                       int64_t rows, int64_t cols, float* y, int64_t r0, int64_t r1) {
-  Drive<kAvx512Rows, 6, 8>(w, x, bias, n, rows, cols, y, r0, r1);
+  Drive<kAvx512Rows, 6, 8, true>(w, x, bias, n, rows, cols, y, r0, r1);
 }
 __attribute__((target("avx2,fma"))) void RunAvx2(const float* w, const float* x, const float* bias, int64_t n,
                                                  int64_t rows, int64_t cols, float* y, int64_t r0, int64_t r1) {
-  Drive<kAvx2Rows, 3, 4>(w, x, bias, n, rows, cols, y, r0, r1);
+  Drive<kAvx2Rows, 3, 4, false>(w, x, bias, n, rows, cols, y, r0, r1);
 }
 #endif
 void RunScalar(const float* w, const float* x, const float* bias, int64_t n, int64_t rows, int64_t cols, float* y,
                int64_t r0, int64_t r1) {
-  Drive<kScalarRows, 2, 2>(w, x, bias, n, rows, cols, y, r0, r1);
+  Drive<kScalarRows, 2, 2, false>(w, x, bias, n, rows, cols, y, r0, r1);
 }
 
 struct Choice {
