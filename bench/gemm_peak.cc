@@ -2,7 +2,9 @@
 // model uses, in the batched-product pool setting (OpenMP 1, OpenBLAS N threads): the
 // yardstick the server benchmark's aggregate decode FLOP/s is reported against
 // (docs/BENCHMARKS.md, issue 14). Prints GFLOP/s of a large square product and of the
-// 16- and 64-row products a batched decode step of the 40M model runs.
+// 16- and 64-row products a batched decode step of the 40M model runs, and the read
+// bandwidth of a weight-sized buffer: the roofline of single-stream decode, which reads
+// every weight once per token (issue 13).
 //
 //   echokv-bench-gemm --threads 2 --seconds 2
 #include <ATen/ATen.h>
@@ -16,6 +18,7 @@
 #include <cstring>
 
 #include "common/blas_env.h"
+#include "common/huge_pages.h"
 #include "kernels/matmul_rows.h"
 
 namespace {
@@ -59,6 +62,45 @@ double MeasureRows(int64_t m, int64_t n, int64_t k, double seconds) {
   });
 }
 
+// XOR of words [begin, end) (multiples of 8): 64-byte vectors in four independent
+// chains, compiled for the widest vectors the CPU has (the loop must outrun memory).
+__attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4"))) uint64_t XorWords(
+    const uint64_t* words, int64_t begin, int64_t end) {
+  typedef uint64_t V __attribute__((vector_size(64), aligned(64)));
+  const V* v = reinterpret_cast<const V*>(words + begin);
+  const int64_t n = (end - begin) / 8;
+  V x[4] = {};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    for (int c = 0; c < 4; ++c) x[c] ^= v[i + c];
+  }
+  for (; i < n; ++i) x[0] ^= v[i];
+  const V all = x[0] ^ x[1] ^ x[2] ^ x[3];
+  return all[0] ^ all[7];
+}
+
+// GB/s of reading `mb` MiB (on huge pages, as the model's weights) split over `threads`
+// OpenMP threads, 64-bit words XORed together (cheap enough that memory, not the loop,
+// is the limit): the best of three runs of `seconds` / 3.
+double ReadBandwidth(int64_t mb, int threads, double seconds) {
+  echokv::HugePageBuffer buffer = echokv::HugePageBuffer::Allocate(static_cast<size_t>(mb) << 20);
+  if (!buffer.ok()) return 0;
+  auto* words = static_cast<uint64_t*>(buffer.data());
+  const int64_t n = static_cast<int64_t>(buffer.size() / sizeof(uint64_t));
+  for (int64_t i = 0; i < n; ++i) words[i] = static_cast<uint64_t>(i);
+  uint64_t sink = 0;
+  const double rate = BestRate(n * 8.0, seconds, [&] {
+    at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        __atomic_fetch_xor(&sink, XorWords(words, n * t / threads / 8 * 8, n * (t + 1) / threads / 8 * 8),
+                           __ATOMIC_RELAXED);
+      }
+    });
+  });
+  if (sink == 1) std::printf(" ");  // keeps the reads
+  return rate;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -97,6 +139,11 @@ int main(int argc, char** argv) {
     std::printf("%3lld x 512 x 1376, echokv MatMulRows (%s, OpenMP %d threads): %.1f GFLOP/s\n",
                 static_cast<long long>(rows), echokv::kernels::MatMulRowsIsa().c_str(), at::get_num_threads(),
                 MeasureRows(rows, 1376, 512, seconds / 2));
+  }
+  for (int64_t mb : {4, 160}) {
+    std::printf("memory read, %lld MiB on huge pages, %d threads: %.1f GB/s%s\n", static_cast<long long>(mb),
+                at::get_num_threads(), ReadBandwidth(mb, at::get_num_threads(), seconds / 2),
+                mb == 160 ? " (the 40M model's weights: single-stream decode reads them once per token)" : "");
   }
   return 0;
 }
