@@ -4,9 +4,12 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -564,6 +567,58 @@ TEST_P(ScaledRopeTransformerTest, AnchorRotatedWithScaledFrequenciesEqualsTheQue
 INSTANTIATE_TEST_SUITE_P(Types, ScaledRopeTransformerTest,
                          ::testing::Values(RopeScalingType::kLlama3, RopeScalingType::kLinear),
                          [](const auto& info) { return std::string(RopeScalingTypeName(info.param)); });
+
+// The decode fast path specialises its attention loops for head dims 8, 64 and 128
+// (others take the generic loop) and scores keys in blocks of 64, several at a time;
+// the family tests above only use d = 8 and short contexts. Here every head dim path,
+// GQA ratios 2 and 4 (with 2 threads a lone KV group's heads are split over them) and
+// 150 positions (whole key blocks, a partial one and every remainder of the smaller
+// key groups) are held to the float64 reference at every decoded position, with and
+// without a sliding window.
+struct HeadDimCase {
+  int head_dim, kv_heads;
+  ModelType type;
+};
+
+class DecodeHeadDimTest : public ::testing::TestWithParam<HeadDimCase> {};
+
+TEST_P(DecodeHeadDimTest, MatchesNaiveReferenceAtEveryPosition) {
+  ModelConfig c = TinyConfig(GetParam().type);
+  c.head_dim = GetParam().head_dim;
+  c.num_kv_heads = GetParam().kv_heads;
+  if (c.sliding_window > 0) c.sliding_window = 70;  // crosses key-block boundaries
+  NaiveModel ref = MakeRandomModel(c, 99 + c.head_dim + c.num_kv_heads);
+  const std::string dir = testing::MakeTempDir("echokv_head_dim_");
+  testing::WriteModelDir(ref, dir);
+  DeviceOptions dev;
+  dev.num_threads = 2;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transformer> model, Transformer::Load(dir, dev));
+  const int T = 150;
+  const std::vector<int> tokens = Tokens(T, c.vocab_size, 3);
+  const auto expected = ref.Forward(tokens, nullptr);
+  KvCache cache = model->NewCache();
+  ASSERT_OK(model->Forward(absl::MakeConstSpan(tokens.data(), 2), &cache).status());
+  double worst = 0;
+  for (int t = 2; t < T; ++t) {
+    ASSERT_OK_AND_ASSIGN(DecodeResult step, model->Decode(tokens[t], &cache));
+    const double diff = RelDiff(step.logits, expected[t]);
+    EXPECT_LT(diff, kTol) << "position " << t;
+    worst = std::max(worst, diff);
+  }
+  std::printf("[ d=%d, %d/%d heads, %s ] worst |decode - float64| %.2e of the logit scale\n", c.head_dim,
+              c.num_heads, c.num_kv_heads, c.sliding_window > 0 ? "sliding window" : "full attention", worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, DecodeHeadDimTest,
+                         ::testing::Values(HeadDimCase{8, 1, ModelType::kLlama}, HeadDimCase{16, 2, ModelType::kLlama},
+                                           HeadDimCase{64, 1, ModelType::kLlama},
+                                           HeadDimCase{64, 2, ModelType::kMistral},
+                                           HeadDimCase{128, 2, ModelType::kLlama},
+                                           HeadDimCase{128, 1, ModelType::kMistral}),
+                         [](const ::testing::TestParamInfo<HeadDimCase>& info) {
+                           return "d" + std::to_string(info.param.head_dim) + "_kv" +
+                                  std::to_string(info.param.kv_heads) + "_" + std::string(ModelTypeName(info.param.type));
+                         });
 
 TEST(DeviceOptionsTest, ValidateNamesTheField) {
   DeviceOptions d;
