@@ -182,15 +182,20 @@ class FaultsTestCase(unittest.TestCase):
         for server in self.servers:
             if server.process.poll() is None:
                 server.kill()
+        # Kept for run(): the work dir (and the log in it) is removed by the cleanups,
+        # which run before run() can look at the result.
+        self.log_tail = ""
+        log = os.path.join(self.work.name, "server.log")
+        if os.path.exists(log):
+            with open(log) as f:
+                self.log_tail = f.read()[-6000:]
 
     def run(self, result=None):
         failures = len(result.failures) + len(result.errors) if result else 0
+        self.log_tail = ""
         outcome = super().run(result)
-        if result is not None and len(result.failures) + len(result.errors) > failures:
-            log = os.path.join(self.work.name, "server.log")
-            if os.path.exists(log):
-                with open(log) as f:
-                    sys.stderr.write("---- echokv-server log (tail) ----\n" + f.read()[-6000:] + "\n")
+        if result is not None and len(result.failures) + len(result.errors) > failures and self.log_tail:
+            sys.stderr.write("---- echokv-server log (tail) ----\n" + self.log_tail + "\n")
         return outcome
 
 
