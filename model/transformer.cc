@@ -97,8 +97,15 @@ class ThreadPools {
  private:
   using SetThreadsFn = void (*)(int);
   using GetThreadsFn = int (*)();
+  // OpenMP's team size for this (the computing) thread. Not at::set_num_threads: in
+  // LibTorch 1.13 that also re-creates caffe2's pthreadpool on every call (its old
+  // threads joined, new ones started, and those spin ~10^6 iterations waiting for work
+  // nobody gives them), and the pools switch twice per layer of every prefill chunk:
+  // the spinning threads were 13 % of a server's samples during CreateSession.
+  // at::get_num_threads() first runs LibTorch's once-per-thread set-up, which would
+  // otherwise undo this at the thread's first parallel region.
   static void SetOpenMp(int n) {
-    if (at::get_num_threads() != n) at::set_num_threads(n);
+    if (at::get_num_threads() != n) omp_set_num_threads(n);
   }
   void SetOpenBlas(int n) {
     if (openblas_threads_ != n) openblas_set_(n);
