@@ -428,6 +428,13 @@ class ErrorMappingTest(ServerTestCase):
                 for sid, owner, reference in sessions:
                     again = client.generate(sid, max_tokens=8).collect().token_ids
                     self.assertEqual(again, reference, "session %s of %s" % (sid, owner))
+            except BaseException:
+                # The module's log tail is the shared server's; a replica's own log (a
+                # sanitizer report, an early exit) is only here, and gone after stop().
+                for name, server in servers.items():
+                    sys.stderr.write("---- replica %s (exit code %s) log (tail) ----\n%s\n"
+                                     % (name, server.process.poll(), server.tail()))
+                raise
             finally:
                 for server in servers.values():
                     server.stop()
