@@ -1,5 +1,6 @@
 #include "server/service.h"
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -246,32 +247,42 @@ class StreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // Queues one message (any thread; never blocks), merged into the last queued one
   // when a write is in flight and both are plain deltas.
   void Push(Response message) {
+    Ref();
+    bool queued = false;
     {
       absl::MutexLock lock(&mu_);
-      if (closing_ || broken_) return;
-      ++queued_;
-      if (writing_ > 0 && !queue_.empty() && MergeInto(&queue_.back().message, &message)) {
-        ++queue_.back().count;
-        return;  // the write in flight pumps the merged message when it completes
+      if (!closing_ && !broken_) {
+        queued = true;
+        ++queued_;
+        if (writing_ > 0 && !queue_.empty() && MergeInto(&queue_.back().message, &message)) {
+          ++queue_.back().count;  // the write in flight pumps it; Pump below finds it busy
+        } else {
+          queue_.push_back({std::move(message), 1});
+        }
       }
-      queue_.push_back({std::move(message), 1});
     }
-    Pump();
+    if (queued) Pump();
+    Unref();  // outside the lock: it may delete the reactor
   }
 
   // Ends the call once the queued messages are written (all dropped on error).
   void Close(const absl::Status& status) {
+    Ref();
+    bool first = false;
     {
       absl::MutexLock lock(&mu_);
-      if (closing_) return;
-      closing_ = true;
-      status_ = ToGrpcStatus(status);
-      if (!status.ok()) {
-        queue_.clear();
-        queued_ = 0;
+      if (!closing_) {
+        first = true;
+        closing_ = true;
+        status_ = ToGrpcStatus(status);
+        if (!status.ok()) {
+          queue_.clear();
+          queued_ = 0;
+        }
       }
     }
-    Pump();
+    if (first) Pump();
+    Unref();  // outside the lock: it may delete the reactor
   }
 
   void OnWriteDone(bool ok) override {
@@ -301,10 +312,20 @@ class StreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override {
     if (service_->metrics() != nullptr) service_->metrics()->OnRequest(method_, CodeName(status_.error_code()));
     if (slot_tenant_.has_value()) service_->ReleaseStream(*slot_tenant_);
-    delete this;
+    Unref();  // gRPC's reference
   }
 
  private:
+  // Push and Close run on the engine thread while gRPC may end the call on one of its
+  // own (OnWriteDone -> Pump -> Finish -> OnDone) the moment their lock is released:
+  // without a reference of their own, Close's Pump could lock a reactor OnDone had
+  // already deleted (seen as a sanitized server dying at the end of a stream under
+  // load). gRPC's own reactions (OnWriteDone) are safe: OnDone waits for them.
+  void Ref() { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void Unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
   struct Queued {
     Response message;
     int count;  // deltas merged into it
@@ -356,6 +377,7 @@ class StreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   bool broken_ ABSL_GUARDED_BY(mu_) = false;         // a write failed
   bool finished_ ABSL_GUARDED_BY(mu_) = false;       // Finish was called
   grpc::Status status_;          // set once by Close, read after finished_
+  std::atomic<int> refs_{1};     // gRPC's (dropped in OnDone) + Push / Close in progress
 };
 
 // A unary call; Done() from any thread. The handler fills response(); Done
