@@ -18,7 +18,7 @@ using vec16::V16;
 // 16 lanes accumulated over the columns, vec16::Reduce, then the remaining columns one by
 // one. Compiled into each ISA's entry point below (always_inline), so `a += b * c`
 // becomes an FMA where the entry point's target has one (-ffp-contract=fast on this file).
-template <int RT, int CT, bool kManyReduce, bool kPrefetchNext = false>
+template <int RT, int CT, bool kMany, bool kPrefetchNext = false>
 __attribute__((always_inline)) inline void Tile(const float* w, const float* x, const float* bias, int64_t rows,
                                                 int64_t cols, float* y) {
   V16 acc[RT][CT];
@@ -37,15 +37,16 @@ __attribute__((always_inline)) inline void Tile(const float* w, const float* x, 
       for (int c = 0; c < CT; ++c) acc[r][c] += wv * xv[c];
     }
   }
-  // The accumulators' sums: one by one, or (kManyReduce: builds with 512-bit two-source
+  // The accumulators' sums: one by one, or (kMany: builds with 512-bit two-source
   // shuffles) 16 at a time by vec16::ReduceMany, the same bits in fewer instructions.
   constexpr int kSums = RT * CT;
   static_assert(kSums <= 32, "tiles of at most 32 accumulators");
   float sums[32];
-  if constexpr (kManyReduce && kSums > 1) {
+  if constexpr (kMany && kSums > 1) {
+    constexpr int kLow = kSums < 16 ? kSums : 16;  // ReduceMany sums at most 16
     const V16* flat = &acc[0][0];
-    const V16 lo = vec16::ReduceMany<(kSums < 16 ? kSums : 16)>(flat);
-    for (int i = 0; i < (kSums < 16 ? kSums : 16); ++i) sums[i] = lo[i];
+    const V16 lo = vec16::ReduceMany<kLow>(flat);
+    for (int i = 0; i < kLow; ++i) sums[i] = lo[i];
     if constexpr (kSums > 16) {
       const V16 hi = vec16::ReduceMany<kSums - 16>(flat + 16);
       for (int i = 0; i < kSums - 16; ++i) sums[16 + i] = hi[i];

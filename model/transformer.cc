@@ -428,18 +428,36 @@ struct Transformer::Impl {
     return out;
   }
 
-  // Attention of `heads` post-RoPE query heads q [heads, d] of KV group g at position
-  // `pos` over the group's entries of `layer` in `cache` (which already holds the token's
-  // own entry); writes each head's weighted sum of values to out [heads, d]. Shared by
-  // Decode and DecodeBatch, so both attend exactly alike. The group's keys are scored in
-  // blocks of kKeyBlock against every head while the block is in L1 (a GQA group's keys
-  // come from memory once, not once per head); each (head, key) score is the bits
-  // ScoreRows gives for that key alone, so neither the blocking nor the number of heads
-  // per call changes a result.
-  void AttendGroup(const KvCache& cache, int layer, const float* q, int64_t heads, int64_t g, int64_t pos,
-                   bool window, float scale, float* out) const {
+  // Attention work items of one decode row: each KV group's heads in `split` runs of
+  // consecutive heads (split = 1 unless there are fewer groups x rows than threads).
+  // Item t covers group t / split, heads [HeadBegin(t), HeadEnd(t)) of the row.
+  struct GroupSplit {
+    int64_t r, split;
+    int64_t Items(int64_t groups) const { return groups * split; }
+    int64_t Group(int64_t t) const { return t / split; }
+    int64_t HeadBegin(int64_t t) const { return (t / split) * r + (t % split) * r / split; }
+    int64_t HeadEnd(int64_t t) const { return (t / split) * r + (t % split + 1) * r / split; }
+  };
+  GroupSplit SplitGroups(int64_t rows, int threads) const {
+    const int64_t G = config.num_kv_heads, r = config.num_heads / G;
+    return GroupSplit{r, std::clamp<int64_t>((threads + rows * G - 1) / (rows * G), 1, r)};
+  }
+
+  // Attention of work item t of `split` for one row: its heads' post-RoPE queries (of
+  // q_row [H, d]) at position `pos` over their KV group's entries of `layer` in `cache`
+  // (which already holds the token's own entry); writes each head's weighted sum of
+  // values to its place in out_row [H, d]. Shared by Decode and DecodeBatch, so both
+  // attend exactly alike. The group's keys are scored in blocks of kKeyBlock against
+  // every head while the block is in L1 (a GQA group's keys come from memory once, not
+  // once per head); each (head, key) score is the bits ScoreRows gives for that key
+  // alone, so neither the blocking nor the number of heads per item changes a result.
+  void AttendGroup(const KvCache& cache, int layer, const GroupSplit& split, int64_t t, const float* q_row,
+                   int64_t pos, bool window, float scale, float* out_row) const {
     constexpr int64_t kKeyBlock = 64;
     const int64_t n = cache.size(layer), d = config.head_dim;
+    const int64_t h0 = split.HeadBegin(t), heads = split.HeadEnd(t) - h0, g = split.Group(t);
+    const float* q = q_row + h0 * d;
+    float* out = out_row + h0 * d;
     const int64_t stride = cache.GroupStride(layer);
     const float* keys = cache.KeyData(layer) + g * stride;
     const float* values = cache.ValueData(layer) + g * stride;
@@ -466,21 +484,6 @@ struct Transformer::Impl {
       // The group's values are still in L2 for the next head.
       WeightedSumRows(s, values, n, d, out + h * d);
     }
-  }
-
-  // Attention work items of one decode row: each KV group's heads in `split` runs of
-  // consecutive heads (split = 1 unless there are fewer groups x rows than threads).
-  // Item t covers group t / split, heads [HeadBegin(t), HeadBegin(t + 1)) of the row.
-  struct GroupSplit {
-    int64_t r, split;
-    int64_t Items(int64_t groups) const { return groups * split; }
-    int64_t Group(int64_t t) const { return t / split; }
-    int64_t HeadBegin(int64_t t) const { return (t / split) * r + (t % split) * r / split; }
-    int64_t HeadEnd(int64_t t) const { return (t / split) * r + (t % split + 1) * r / split; }
-  };
-  GroupSplit SplitGroups(int64_t rows, int threads) const {
-    const int64_t G = config.num_kv_heads, r = config.num_heads / G;
-    return GroupSplit{r, std::clamp<int64_t>((threads + rows * G - 1) / (rows * G), 1, r)};
   }
 
   // DecodeBatch on CPU float32 for N > 1 validated rows (distinct caches).
@@ -533,10 +536,7 @@ struct Transformer::Impl {
       // enough work.
       const GroupSplit split = SplitGroups(1, omp_get_max_threads());
 #pragma omp parallel for schedule(static) if (H * n * d >= kMinParallelWork)
-      for (int64_t t = 0; t < split.Items(G); ++t) {
-        const int64_t h0 = split.HeadBegin(t);
-        AttendGroup(*cache, l, q + h0 * d, split.HeadEnd(t) - h0, split.Group(t), pos, window, scale, attn + h0 * d);
-      }
+      for (int64_t t = 0; t < split.Items(G); ++t) AttendGroup(*cache, l, split, t, q, pos, window, scale, attn);
       MatVec(w.wo.data_ptr<float>(), attn, w.bo.defined() ? w.bo.data_ptr<float>() : nullptr, D, H * d, o);
       for (int64_t i = 0; i < D; ++i) x[i] += o[i];
       RmsNormRow(x, w.post_norm.data_ptr<float>(), D, c.rms_norm_eps, h);
@@ -674,9 +674,8 @@ absl::StatusOr<std::vector<DecodeResult>> Transformer::Impl::DecodeBatchCpu(absl
     const int64_t items = split.Items(G);
 #pragma omp parallel for schedule(dynamic, 1) if (!blas && work >= kMinParallelWork)
     for (int64_t p = 0; p < N * items; ++p) {
-      const int64_t i = p / items, t = p % items, h0 = split.HeadBegin(t);
-      AttendGroup(*rows[i].cache, l, RowPtr(qkv, i) + h0 * d, split.HeadEnd(t) - h0, split.Group(t), pos[i], window,
-                  scale, RowPtr(attn, i) + h0 * d);
+      const int64_t i = p / items;
+      AttendGroup(*rows[i].cache, l, split, p % items, RowPtr(qkv, i), pos[i], window, scale, RowPtr(attn, i));
     }
     BatchedLinear(blas, attn, w.wo, w.bo, o);
     x.add_(o);

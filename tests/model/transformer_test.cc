@@ -617,7 +617,8 @@ INSTANTIATE_TEST_SUITE_P(HeadDims, DecodeHeadDimTest,
                                            HeadDimCase{128, 1, ModelType::kMistral}),
                          [](const ::testing::TestParamInfo<HeadDimCase>& info) {
                            return "d" + std::to_string(info.param.head_dim) + "_kv" +
-                                  std::to_string(info.param.kv_heads) + "_" + std::string(ModelTypeName(info.param.type));
+                                  std::to_string(info.param.kv_heads) + "_" +
+                                  std::string(ModelTypeName(info.param.type));
                          });
 
 TEST(DeviceOptionsTest, ValidateNamesTheField) {
