@@ -1,6 +1,9 @@
 // echokv-bench-kernels: CPU throughput of the Eq. 3 scoring kernel (AttentionScores)
 // at Llama-8B-like shapes (H=32, G=8, d=128, nq=64) for L = 4096 and 16384, plus
-// TopKIndices on the group sums. Prints milliseconds per call.
+// TopKIndices on the group sums. Prints milliseconds per call. Then decode attention's
+// weighted sum of value rows (kernels/weighted_sum.h) at head dims 8 and 128, its
+// portable and AVX-512 builds side by side (the same bits; before the AVX-512 build,
+// decode ran the portable loop on every CPU).
 //
 //   build/bin/echokv-bench-kernels            # 3 timed calls per shape
 //   build/bin/echokv-bench-kernels 10         # 10 timed calls per shape
@@ -10,11 +13,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <vector>
 
 #include "kernels/score.h"
+#include "kernels/weighted_sum.h"
 
 namespace {
 
@@ -65,6 +70,33 @@ int main(int argc, char** argv) {
     const double gflop = 2.0 * 2.0 * h * nq * d * static_cast<double>(l) * 1e-9;  // two passes
     std::printf("L=%6lld  scores %9.2f ms (%.1f GFLOP/s)  causal %9.2f ms  top-1024 %7.2f ms\n",
                 static_cast<long long>(l), ms, gflop / (ms * 1e-3), ms_causal, ms_topk);
+  }
+
+  // Decode attention's weighted sums: one call per (head, token) over a group's value
+  // rows, which are in L1/L2 at these sizes (as in decode).
+  std::printf("\nWeightedSumRowsChains (decode attention, one head): ns per value row\n");
+  std::printf("%5s %6s %10s %10s %8s\n", "d", "rows", "portable", "avx512", "ratio");
+  for (const int64_t dim : {int64_t{8}, int64_t{128}}) {
+    for (const int64_t rows : {int64_t{128}, int64_t{1024}}) {
+      at::Tensor p = at::rand({rows}, gen, at::kFloat);
+      at::Tensor v = at::randn({rows, dim}, gen, at::kFloat);
+      std::vector<float> out(dim);
+      const int reps = static_cast<int>(std::max<int64_t>(1, (1 << 22) / (rows * dim)));
+      double ns[2] = {0, 0};
+      const char* builds[2] = {"portable", "avx512"};
+      for (int b = 0; b < 2; ++b) {
+        bool ok = true;
+        const double ms = MillisecondsPerCall(iters, [&] {
+          for (int r = 0; r < reps; ++r) {
+            ok = ok && echokv::kernels::WeightedSumRowsChainsWith(builds[b], p.data_ptr<float>(), v.data_ptr<float>(),
+                                                                 rows, dim, out.data());
+          }
+        });
+        ns[b] = ok ? ms * 1e6 / (static_cast<double>(reps) * rows) : 0;
+      }
+      std::printf("%5lld %6lld %10.2f %10.2f %7.2fx\n", static_cast<long long>(dim), static_cast<long long>(rows),
+                  ns[0], ns[1], ns[1] > 0 ? ns[0] / ns[1] : 0.0);
+    }
   }
   return 0;
 }

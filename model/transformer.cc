@@ -27,6 +27,7 @@
 #include "kernels/softmax.h"
 #include "kernels/vec16.h"
 #include "kernels/rope.h"
+#include "kernels/weighted_sum.h"
 #include "model/weights.h"
 
 namespace echokv::model {
@@ -169,32 +170,19 @@ __attribute__((always_inline)) inline void ScoreRowsFixed(const float* q, const 
   }
 }
 
-// Small head dims get several accumulator sets over alternating rows: with d = 8 one
-// set is a single vector, and each row's FMA waited for the previous one (4-cycle
-// latency): stories260K's decode at 2.5K positions spent a third of its time here.
-// Not forced inline into WeightedSumRows' clones: GCC's AVX-512 build of the d = 8 loop
-// halved stories260K's decode (11.9K vs 7.2K tok/s at 128 positions).
+// d = 64: one accumulator row, compiled into each of WeightedSumRows' clones. Head dims
+// 8 and 128 go to kernels/weighted_sum.h: this template, not inlined, ran them in the
+// baseline (SSE) build on every CPU (GCC's own AVX-512 build of the d = 8 loop had
+// halved stories260K's decode); that kernel gives the same bits with AVX-512 registers.
 template <int kDim>
 inline void WeightedSumRowsFixed(const float* p, const float* values, int64_t n, float* out) {
-  constexpr int kChains = kDim >= 32 ? 1 : 32 / kDim > 4 ? 4 : 32 / kDim;
-  float acc[kChains][kDim] = {};
-  int64_t j = 0;
-  for (; j + kChains <= n; j += kChains) {
-    for (int c = 0; c < kChains; ++c) {
-      const float w = p[j + c];
-      const float* v = values + (j + c) * kDim;
-      for (int i = 0; i < kDim; ++i) acc[c][i] += w * v[i];
-    }
-  }
-  for (; j < n; ++j) {
+  float acc[kDim] = {};
+  for (int64_t j = 0; j < n; ++j) {
     const float w = p[j];
     const float* v = values + j * kDim;
-    for (int i = 0; i < kDim; ++i) acc[0][i] += w * v[i];
+    for (int i = 0; i < kDim; ++i) acc[i] += w * v[i];
   }
-  for (int c = 1; c < kChains; ++c) {
-    for (int i = 0; i < kDim; ++i) acc[0][i] += acc[c][i];
-  }
-  for (int i = 0; i < kDim; ++i) out[i] = acc[0][i];
+  for (int i = 0; i < kDim; ++i) out[i] = acc[i];
 }
 
 __attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) void ScoreRows(
@@ -222,14 +210,8 @@ __attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) void
 
 __attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) void WeightedSumRows(
     const float* p, const float* values, int64_t n, int64_t d, float* out) {
-  switch (d) {
-    case 8:
-      return WeightedSumRowsFixed<8>(p, values, n, out);
-    case 64:
-      return WeightedSumRowsFixed<64>(p, values, n, out);
-    case 128:
-      return WeightedSumRowsFixed<128>(p, values, n, out);
-  }
+  if (kernels::WeightedSumRowsChainsHandles(d)) return kernels::WeightedSumRowsChains(p, values, n, d, out);
+  if (d == 64) return WeightedSumRowsFixed<64>(p, values, n, out);
   for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
   for (int64_t j = 0; j < n; ++j) {
     const float w = p[j];
