@@ -192,7 +192,7 @@ TEST_P(DecodeBatchTest, EqualsSequentialDecodeAndTheReference) {
   }
   std::printf("[ %s ] worst |batched - sequential| %.2e, |batched - float64| %.2e (of the logit scale); "
               "smallest top-2 logit gap %.2e\n",
-              ModelTypeName(GetParam()), worst_seq, worst_ref, min_margin);
+              std::string(ModelTypeName(GetParam())).c_str(), worst_seq, worst_ref, min_margin);
 }
 
 // The comparison can fail: a row decoded at another row's position, or with another

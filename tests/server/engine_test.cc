@@ -231,7 +231,9 @@ TEST_P(BatchedDecodeTest, ConcurrentStreamsEqualEachStreamAlone) {
       for (size_t t = 0; t < g.ids.size(); ++t) {
         SCOPED_TRACE(::testing::Message() << "stream " << i << " of " << n << ", token " << t);
         EXPECT_NEAR(g.logprobs[t], alone[i].logprobs[t], kLogprobTol);
-        if (!BatchUsesBlas()) EXPECT_EQ(g.logprobs[t], alone[i].logprobs[t]);
+        if (!BatchUsesBlas()) {
+          EXPECT_EQ(g.logprobs[t], alone[i].logprobs[t]);
+        }
         if (g.ids[t] != alone[i].ids[t]) {
           // Only a tie may differ (see above); nothing after it is comparable.
           std::printf("[ diverged ] %s: stream %d of %d token %zu: %d (logprob %.7f) batched, %d (logprob %.7f) alone\n",
@@ -243,7 +245,9 @@ TEST_P(BatchedDecodeTest, ConcurrentStreamsEqualEachStreamAlone) {
       }
     }
     // More than one stream decoded as one batched step for most of the run.
-    if (n > 1) EXPECT_GE(model.pool_trace().decode_batches - before, 8) << n << " streams";
+    if (n > 1) {
+      EXPECT_GE(model.pool_trace().decode_batches - before, 8) << n << " streams";
+    }
   }
   if (BatchUsesBlas()) {
     // Ties are rare events; many would mean the logits are further apart than round-off.
@@ -570,7 +574,9 @@ TEST(EngineStreamTest, LogprobsComeWithEveryTokenGreedyIsTheTopAlternative) {
     double mass = 0;
     for (size_t k = 0; k < 3; ++k) {
       EXPECT_LE(lps[i].top_logprobs[k].logprob, 0.0f);
-      if (k > 0) EXPECT_LE(lps[i].top_logprobs[k].logprob, lps[i].top_logprobs[k - 1].logprob);
+      if (k > 0) {
+        EXPECT_LE(lps[i].top_logprobs[k].logprob, lps[i].top_logprobs[k - 1].logprob);
+      }
       mass += std::exp(lps[i].top_logprobs[k].logprob);
     }
     EXPECT_LE(mass, 1.0 + 1e-5);

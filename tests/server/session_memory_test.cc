@@ -264,7 +264,9 @@ TEST_P(SessionMemoryInvariantTest, IncrementalTurnsEqualOneShot) {
           ++near_ties;
         }
       }
-      if (identical) EXPECT_EQ(Greedy(model, *b.data, 12), greedy_a);
+      if (identical) {
+        EXPECT_EQ(Greedy(model, *b.data, 12), greedy_a);
+      }
     }
   }
   RecordProperty("near_tie_groups", near_ties);
