@@ -72,9 +72,10 @@ struct ToolCall {
 struct ChatMessage {
   std::string role;
   std::string content;
-  std::string name;                // optional author name ("" = absent)
-  std::vector<ToolCall> tool_calls;  // assistant messages that call tools
-  std::string tool_call_id;        // tool messages: the call they answer ("" = absent)
+  // The rest default to absent, so `ChatMessage{role, content}` is a whole message.
+  std::string name = {};                  // optional author name ("" = absent)
+  std::vector<ToolCall> tool_calls = {};  // assistant messages that call tools
+  std::string tool_call_id = {};          // tool messages: the call they answer ("" = absent)
   bool operator==(const ChatMessage& o) const;
 };
 

@@ -104,7 +104,9 @@ void RenderStructs(const ChatTemplate& t, const Request& r) {
   };
   for (const ojson& m : r.messages) {
     if (!m.is_object()) continue;
-    echokv::model::ChatMessage msg{str(m, "role"), str(m, "content")};
+    echokv::model::ChatMessage msg;
+    msg.role = str(m, "role");
+    msg.content = str(m, "content");
     msg.name = str(m, "name");
     msg.tool_call_id = str(m, "tool_call_id");
     if (auto it = m.find("tool_calls"); it != m.end() && it->is_array()) {

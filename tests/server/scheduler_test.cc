@@ -107,7 +107,7 @@ struct FakeStream {
   bool backed_up = false;
   bool cancelled = false;
   int decoded = 0;
-  std::vector<int> steps;  // the step numbers at which it decoded
+  std::vector<int> steps = {};  // the step numbers at which it decoded
 };
 struct FakeJob {
   uint64_t id;
