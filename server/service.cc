@@ -519,6 +519,35 @@ class ImportReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   grpc::StatusCode code_ = grpc::StatusCode::OK;
 };
 
+template <typename Response>
+void AnswerError(UnaryReactor<Response>* reactor, const absl::Status& status) {
+  reactor->Done(status);
+}
+template <typename Response>
+void AnswerError(StreamReactor<Response>* reactor, const absl::Status& status) {
+  reactor->Close(status);
+}
+
+// Whether a call holds a slot of its tenant's stream quota while it runs (the streams,
+// and Compress, which is as long as a CreateSession).
+enum class Slot { kNone, kTake };
+
+// The start of every call, once its reactor exists: Admit (authenticate, parse, hint the
+// owner), then the stream slot if `slot` says so. On failure the call is answered with
+// that error and nothing is returned.
+template <typename Reactor, typename Request>
+std::optional<Caller> AdmitCall(EchoKvService* service, Reactor* reactor, grpc::CallbackServerContext* ctx,
+                                const grpc::ByteBuffer* raw, Request* request, Slot slot) {
+  absl::StatusOr<Caller> caller = Admit(ctx, service->tokens(), service->engine()->facts().replica_id, raw, request);
+  absl::Status status = caller.status();
+  if (status.ok() && slot == Slot::kTake) status = reactor->TakeSlot(caller->tenant);
+  if (!status.ok()) {
+    AnswerError(reactor, status);
+    return std::nullopt;
+  }
+  return *std::move(caller);
+}
+
 }  // namespace
 
 EchoKvService::EchoKvService(Engine* engine, Metrics* metrics, const TokenStore* tokens, int stream_reserve)
@@ -556,10 +585,7 @@ EchoKvService::Unary* EchoKvService::GetServerInfo(grpc::CallbackServerContext* 
                                                    grpc::ByteBuffer* out) {
   auto* reactor = new UnaryReactor<pb::ServerInfo>(this, "GetServerInfo", out);
   pb::GetServerInfoRequest request;
-  if (absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request); !caller.ok()) {
-    reactor->Done(caller.status());
-    return reactor;
-  }
+  if (!AdmitCall(this, reactor, ctx, raw, &request, Slot::kNone)) return reactor;
   pb::ServerInfo* response = reactor->response();
   const ServerFacts& f = engine_->facts();
   response->set_version(f.version);
@@ -605,15 +631,8 @@ EchoKvService::Stream* EchoKvService::CreateSession(grpc::CallbackServerContext*
   auto* reactor = new StreamReactor<pb::SessionProgress>(this, "CreateSession");
   pb::CreateSessionRequest request_msg;
   const pb::CreateSessionRequest* request = &request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
-  if (!caller.ok()) {
-    reactor->Close(caller.status());
-    return reactor;
-  }
-  if (absl::Status s = reactor->TakeSlot(caller->tenant); !s.ok()) {
-    reactor->Close(s);
-    return reactor;
-  }
+  const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request_msg, Slot::kTake);
+  if (!caller) return reactor;
   absl::StatusOr<compression::CompressionConfig> cfg =
       ToConfig(request->compression(), engine_->facts().default_compression);
   if (!cfg.ok()) {
@@ -641,15 +660,8 @@ EchoKvService::Stream* EchoKvService::AppendToSession(grpc::CallbackServerContex
   auto* reactor = new StreamReactor<pb::SessionProgress>(this, "AppendToSession");
   pb::AppendToSessionRequest request_msg;
   const pb::AppendToSessionRequest* request = &request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
-  if (!caller.ok()) {
-    reactor->Close(caller.status());
-    return reactor;
-  }
-  if (absl::Status s = reactor->TakeSlot(caller->tenant); !s.ok()) {
-    reactor->Close(s);
-    return reactor;
-  }
+  const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request_msg, Slot::kTake);
+  if (!caller) return reactor;
   AppendRequest req;
   req.caller = *caller;
   req.session_id = request->session_id();
@@ -662,15 +674,8 @@ EchoKvService::Stream* EchoKvService::Generate(grpc::CallbackServerContext* ctx,
   auto* reactor = new StreamReactor<pb::GenerateResponse>(this, "Generate");
   pb::GenerateRequest request_msg;
   const pb::GenerateRequest* request = &request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
-  if (!caller.ok()) {
-    reactor->Close(caller.status());
-    return reactor;
-  }
-  if (absl::Status s = reactor->TakeSlot(caller->tenant); !s.ok()) {
-    reactor->Close(s);
-    return reactor;
-  }
+  const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request_msg, Slot::kTake);
+  if (!caller) return reactor;
   const ServerFacts& f = engine_->facts();
   GenerateParams p;
   p.caller = *caller;
@@ -738,11 +743,8 @@ EchoKvService::Unary* EchoKvService::ForkSession(grpc::CallbackServerContext* ct
   auto* reactor = new UnaryReactor<pb::Session>(this, "ForkSession", out);
   pb::ForkSessionRequest request_msg;
   const pb::ForkSessionRequest* request = &request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
-  if (!caller.ok()) {
-    reactor->Done(caller.status());
-    return reactor;
-  }
+  const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request_msg, Slot::kNone);
+  if (!caller) return reactor;
   pb::Session* response = reactor->response();
   engine_->ForkSession(*caller, request->session_id(), ToTtl(request->has_ttl_seconds(), request->ttl_seconds()),
                        [reactor, response](absl::StatusOr<SessionInfo> s) {
@@ -756,11 +758,8 @@ EchoKvService::Unary* EchoKvService::GetSession(grpc::CallbackServerContext* ctx
                                                  grpc::ByteBuffer* out) {
   auto* reactor = new UnaryReactor<pb::Session>(this, "GetSession", out);
   pb::GetSessionRequest request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
-  if (!caller.ok()) {
-    reactor->Done(caller.status());
-    return reactor;
-  }
+  const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request_msg, Slot::kNone);
+  if (!caller) return reactor;
   pb::Session* response = reactor->response();
   const bool include_tokens = request_msg.include_tokens();
   Engine* engine = engine_;
@@ -786,11 +785,8 @@ EchoKvService::Unary* EchoKvService::ListSessions(grpc::CallbackServerContext* c
                                                  grpc::ByteBuffer* out) {
   auto* reactor = new UnaryReactor<pb::ListSessionsResponse>(this, "ListSessions", out);
   pb::ListSessionsRequest request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
-  if (!caller.ok()) {
-    reactor->Done(caller.status());
-    return reactor;
-  }
+  const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request_msg, Slot::kNone);
+  if (!caller) return reactor;
   pb::ListSessionsResponse* response = reactor->response();
   engine_->ListSessions(*caller, [reactor, response](absl::StatusOr<std::vector<SessionInfo>> s) {
     if (s.ok()) {
@@ -806,11 +802,8 @@ EchoKvService::Unary* EchoKvService::DeleteSession(grpc::CallbackServerContext* 
   auto* reactor = new UnaryReactor<pb::DeleteSessionResponse>(this, "DeleteSession", out);
   pb::DeleteSessionRequest request_msg;
   const pb::DeleteSessionRequest* request = &request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
-  if (!caller.ok()) {
-    reactor->Done(caller.status());
-    return reactor;
-  }
+  const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request_msg, Slot::kNone);
+  if (!caller) return reactor;
   pb::DeleteSessionResponse* response = reactor->response();
   engine_->DeleteSession(*caller, request->session_id(), [reactor, response](absl::StatusOr<int64_t> freed) {
     if (freed.ok()) response->set_freed_kv_bytes(*freed);
@@ -824,11 +817,8 @@ EchoKvService::Unary* EchoKvService::InspectCache(grpc::CallbackServerContext* c
   auto* reactor = new UnaryReactor<pb::InspectCacheResponse>(this, "InspectCache", out);
   pb::InspectCacheRequest request_msg;
   const pb::InspectCacheRequest* request = &request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
-  if (!caller.ok()) {
-    reactor->Done(caller.status());
-    return reactor;
-  }
+  const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request_msg, Slot::kNone);
+  if (!caller) return reactor;
   pb::InspectCacheResponse* response = reactor->response();
   engine_->InspectCache(*caller, request->session_id(), request->include_positions(),
                         [reactor, response](absl::StatusOr<CacheInspection> c) {
@@ -853,16 +843,9 @@ EchoKvService::Unary* EchoKvService::Compress(grpc::CallbackServerContext* ctx, 
   auto* reactor = new UnaryReactor<pb::CompressResponse>(this, "Compress", out);
   pb::CompressRequest request_msg;
   const pb::CompressRequest* request = &request_msg;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request_msg);
-  if (!caller.ok()) {
-    reactor->Done(caller.status());
-    return reactor;
-  }
+  const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request_msg, Slot::kTake);
+  if (!caller) return reactor;
   pb::CompressResponse* response = reactor->response();
-  if (absl::Status s = reactor->TakeSlot(caller->tenant); !s.ok()) {
-    reactor->Done(s);
-    return reactor;
-  }
   absl::StatusOr<compression::CompressionConfig> cfg =
       ToConfig(request->compression(), engine_->facts().default_compression);
   if (!cfg.ok()) {
@@ -884,15 +867,8 @@ EchoKvService::Unary* EchoKvService::Compress(grpc::CallbackServerContext* ctx, 
 EchoKvService::Stream* EchoKvService::ExportSession(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw) {
   auto* reactor = new StreamReactor<pb::SessionSnapshotChunk>(this, "ExportSession");
   pb::ExportSessionRequest request;
-  absl::StatusOr<Caller> caller = Admit(ctx, tokens_, engine_->facts().replica_id, raw, &request);
-  if (!caller.ok()) {
-    reactor->Close(caller.status());
-    return reactor;
-  }
-  if (absl::Status s = reactor->TakeSlot(caller->tenant); !s.ok()) {
-    reactor->Close(s);
-    return reactor;
-  }
+  const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request, Slot::kTake);
+  if (!caller) return reactor;
   ExportSink sink;
   sink.on_chunk = [reactor](std::string bytes) {
     pb::SessionSnapshotChunk chunk;
