@@ -181,18 +181,6 @@ absl::Status ParseRaw(const grpc::ByteBuffer& raw, const char* what, google::pro
   return ParseRequest(bytes, message);
 }
 
-// Authenticates the call, then parses its request: UNAUTHENTICATED, or ParseRaw's errors.
-template <typename Request>
-absl::StatusOr<Caller> Admit(grpc::CallbackServerContext* ctx, const TokenStore* tokens, const std::string& replica_id,
-                             const grpc::ByteBuffer* raw, Request* request) {
-  absl::StatusOr<Caller> caller = CallerFromGrpc(*ctx, tokens);
-  if (!caller.ok()) return caller.status();
-  absl::Status parsed = raw != nullptr ? ParseRaw(*raw, "request", request) : ParseRequest("", request);
-  if (!parsed.ok()) return parsed;
-  HintOwner(ctx, *request, replica_id);
-  return caller;
-}
-
 // Coalescing (see StreamReactor): appends `later`, a delta queued after `earlier`, to
 // `earlier` and returns true, so that one message carries both. The client-visible
 // concatenation is unchanged: ids and logprobs (one per id, in order) are appended and
@@ -532,15 +520,20 @@ void AnswerError(StreamReactor<Response>* reactor, const absl::Status& status) {
 // and Compress, which is as long as a CreateSession).
 enum class Slot { kNone, kTake };
 
-// The start of every call, once its reactor exists: Admit (authenticate, parse, hint the
-// owner), then the stream slot if `slot` says so. On failure the call is answered with
-// that error and nothing is returned.
+// The start of every call, once its reactor exists: authenticate the caller, parse the
+// request (UNAUTHENTICATED, or ParseRaw's errors), hint the session's owner, then claim
+// the stream slot if `slot` says so. On failure the call is answered with that error and
+// nothing is returned.
 template <typename Reactor, typename Request>
 std::optional<Caller> AdmitCall(EchoKvService* service, Reactor* reactor, grpc::CallbackServerContext* ctx,
                                 const grpc::ByteBuffer* raw, Request* request, Slot slot) {
-  absl::StatusOr<Caller> caller = Admit(ctx, service->tokens(), service->engine()->facts().replica_id, raw, request);
+  absl::StatusOr<Caller> caller = CallerFromGrpc(*ctx, service->tokens());
   absl::Status status = caller.status();
-  if (status.ok() && slot == Slot::kTake) status = reactor->TakeSlot(caller->tenant);
+  if (status.ok()) status = raw != nullptr ? ParseRaw(*raw, "request", request) : ParseRequest("", request);
+  if (status.ok()) {
+    HintOwner(ctx, *request, service->engine()->facts().replica_id);
+    if (slot == Slot::kTake) status = reactor->TakeSlot(caller->tenant);
+  }
   if (!status.ok()) {
     AnswerError(reactor, status);
     return std::nullopt;
