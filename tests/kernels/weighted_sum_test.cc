@@ -77,9 +77,9 @@ TEST_P(WeightedSumTest, MatchesTheSpecifiedOrderBitForBit) {
 }
 
 TEST_P(WeightedSumTest, ReadsNothingPastTheRows) {
-  // Rows followed by NaN: a build that loaded past row n (e.g. a whole 16-float load
-  // for the last single d = 8 row) would still be caught only if it used the lanes,
-  // so the NaNs sit in the same allocation right after the last row.
+  // NaN rows right after row n, in the same allocation: a build that let anything past
+  // row n into the sum (e.g. a whole 16-float load for a last, single d = 8 row) gives
+  // NaN. (A load past the end whose lanes are then ignored is not observable here.)
   for (const int64_t n : {int64_t{1}, int64_t{5}, int64_t{17}, int64_t{19}}) {
     std::vector<float> p = Random(n + 16, 3, true), values = Random((n + 16) * 8, 4, false);
     for (int64_t j = n; j < n + 16; ++j) {
