@@ -305,6 +305,9 @@ struct Transformer::Impl {
   at::Tensor lm_head;              // [V, D] (the embedding when tied)
   at::Tensor inv_freq;             // [d/2] float32 CPU
   std::unique_ptr<ThreadPools> pools;  // which pool gets the threads, per path
+  // DecodeBatch splits its rows, not its operations, over the pool: models with fewer
+  // parameters than kSmallModelParameters (common/env.h), or ECHOKV_DECODE_SPLIT=rows.
+  bool split_batch_rows = false;
   bool decode_batch_blas = false;      // DecodeBatch's products through OpenBLAS (env, see there)
   mutable std::mutex trace_mu;         // guards trace (read by tests on other threads)
   mutable PoolTrace trace;
@@ -470,6 +473,11 @@ struct Transformer::Impl {
 
   // DecodeBatch on CPU float32 for N > 1 validated rows (distinct caches).
   absl::StatusOr<std::vector<DecodeResult>> DecodeBatchCpu(absl::Span<const DecodeRow> rows) const;
+  // The whole step for `rows` on the pools as they are set (DecodeBatchCpu's body).
+  // `blas`: products through OpenBLAS, the rest on this thread; otherwise our loops,
+  // split over the OpenMP pool when `split_ops` (each on this thread when not).
+  absl::StatusOr<std::vector<DecodeResult>> DecodeBatchRows(absl::Span<const DecodeRow> rows, bool blas,
+                                                            bool split_ops) const;
 
   // One token on CPU float32 with plain loops (same math as Forward, which the tests
   // compare it with). Appends the token's KV to `cache`.
@@ -562,10 +570,11 @@ inline float* RowPtr(at::Tensor& m, int64_t i) { return m.data_ptr<float>() + i 
 // once for all n inputs, in register tiles of rows x inputs. Row blocks are handed out
 // on demand: on a shared machine one of the team's threads is often descheduled, and a
 // static half would hold the whole step until it runs again.
-void MatMulRows(const float* w, const float* x, const float* bias, int64_t n, int64_t rows, int64_t cols, float* y) {
+void MatMulRows(const float* w, const float* x, const float* bias, int64_t n, int64_t rows, int64_t cols, float* y,
+                bool may_split) {
   const int64_t block = kernels::MatMulRowsBlock() * 8;
   const int64_t blocks = (rows + block - 1) / block;
-#pragma omp parallel for schedule(dynamic, 1) if (n * rows * cols >= kMinParallelWork)
+#pragma omp parallel for schedule(dynamic, 1) if (may_split && n * rows * cols >= kMinParallelWork)
   for (int64_t b = 0; b < blocks; ++b) {
     kernels::MatMulRows(w, x, bias, n, rows, cols, y, b * block, std::min(rows, (b + 1) * block));
   }
@@ -573,10 +582,11 @@ void MatMulRows(const float* w, const float* x, const float* bias, int64_t n, in
 
 // out [N, rows] = in [N, cols] W[rows, cols]^T (+ bias) for every row of the batch at
 // once: our loops (MatMulRows, OpenMP pool) or one OpenBLAS product (batched pool).
-void BatchedLinear(bool blas, const at::Tensor& in, const at::Tensor& w, const at::Tensor& bias, at::Tensor& out) {
+void BatchedLinear(bool blas, bool may_split, const at::Tensor& in, const at::Tensor& w, const at::Tensor& bias,
+                   at::Tensor& out) {
   if (!blas) {
     return MatMulRows(w.data_ptr<float>(), in.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr,
-                      in.size(0), w.size(0), w.size(1), out.data_ptr<float>());
+                      in.size(0), w.size(0), w.size(1), out.data_ptr<float>(), may_split);
   }
   if (bias.defined()) {
     at::addmm_out(out, bias, in, w.t());
@@ -588,7 +598,55 @@ void BatchedLinear(bool blas, const at::Tensor& in, const at::Tensor& w, const a
 }  // namespace
 
 absl::StatusOr<std::vector<DecodeResult>> Transformer::Impl::DecodeBatchCpu(absl::Span<const DecodeRow> rows) const {
+  // Products: by default our own loops on the OpenMP pool (MatMulRows), the whole step
+  // in the decode-loop setting, attention parallel over (row, head). Measured on the
+  // 2-core bench machine (docs/BENCHMARKS.md), OpenBLAS's small-row products were no
+  // faster than N single-row decodes up to N ~ 8 with the core OpenBLAS detects here
+  // (Prescott kernels on a CPU with AVX-512), and they sum in another order than
+  // Decode. ECHOKV_DECODE_BATCH_BLAS=1 (read at load) selects the OpenBLAS products in
+  // the batched setting instead, with the per-row loops on this thread (handing the
+  // cores over twice per layer costs more than those loops).
+  const bool blas = decode_batch_blas;
+  if (blas) {
+    pools->ForBatched();
+  } else {
+    pools->ForDecodeLoops();
+  }
+  RecordPools(&PoolTrace::decode_batches, &PoolTrace::decode_batch);
+  // A small model's step is split by rows: each thread runs the whole step for its share
+  // of the rows (the weights fit in each core's cache), one fork/join per step instead of
+  // ~10 per layer, and its operations stay on that thread. Each row's bits do not depend
+  // on the rows it is batched with. stories260K, 2 threads, `echokv-bench-model --batches
+  // 1,16`, 3 interleaved pairs: 16 rows 0.88-0.95 ms per step vs 0.95-0.96 split by
+  // operation (the 40M model's products would read its weights once per thread instead).
+  const int64_t N = static_cast<int64_t>(rows.size());
+  const int64_t T = std::min<int64_t>(N, omp_get_max_threads());
+  if (blas || !split_batch_rows || T < 2) return DecodeBatchRows(rows, blas, /*split_ops=*/!split_batch_rows);
+  std::vector<absl::StatusOr<std::vector<DecodeResult>>> parts(T);
+#pragma omp parallel for schedule(static, 1) num_threads(T)
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t b = N * t / T, e = N * (t + 1) / T;
+    try {
+      parts[t] = DecodeBatchRows(rows.subspan(b, e - b), blas, /*split_ops=*/false);
+    } catch (const c10::Error& err) {  // nothing may leave an OpenMP region
+      parts[t] = absl::InternalError(absl::StrCat("batched decode failed: ", ErrorText(err)));
+    } catch (const std::exception& err) {
+      parts[t] = absl::InternalError(absl::StrCat("batched decode failed: ", err.what()));
+    }
+  }
+  std::vector<DecodeResult> results;
+  results.reserve(N);
+  for (auto& part : parts) {
+    if (!part.ok()) return part.status();
+    for (DecodeResult& r : *part) results.push_back(std::move(r));
+  }
+  return results;
+}
+
+absl::StatusOr<std::vector<DecodeResult>> Transformer::Impl::DecodeBatchRows(absl::Span<const DecodeRow> rows,
+                                                                             bool blas, bool split_ops) const {
   const ModelConfig& c = config;
+  const bool loops_split = !blas && split_ops;
   const int64_t N = static_cast<int64_t>(rows.size());
   const int64_t D = c.hidden_size, H = c.num_heads, G = c.num_kv_heads, d = c.head_dim;
   const int64_t I = c.intermediate_size, V = c.vocab_size, QKV = (H + 2 * G) * d, half = d / 2;
@@ -611,27 +669,12 @@ absl::StatusOr<std::vector<DecodeResult>> Transformer::Impl::DecodeBatchCpu(absl
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<DecodeResult> results(N);
-  // Products: by default our own loops on the OpenMP pool (MatMulRows), the whole step
-  // in the decode-loop setting, attention parallel over (row, head). Measured on the
-  // 2-core bench machine (docs/BENCHMARKS.md), OpenBLAS's small-row products were no
-  // faster than N single-row decodes up to N ~ 8 with the core OpenBLAS detects here
-  // (Prescott kernels on a CPU with AVX-512), and they sum in another order than
-  // Decode. ECHOKV_DECODE_BATCH_BLAS=1 (read at load) selects the OpenBLAS products in
-  // the batched setting instead, with the per-row loops on this thread (handing the
-  // cores over twice per layer costs more than those loops).
-  const bool blas = decode_batch_blas;
-  if (blas) {
-    pools->ForBatched();
-  } else {
-    pools->ForDecodeLoops();
-  }
-  RecordPools(&PoolTrace::decode_batches, &PoolTrace::decode_batch);
   for (int l = 0; l < c.num_layers; ++l) {
     const Layer& w = layers[l];
     for (int64_t i = 0; i < N; ++i) {
       RmsNormRow(RowPtr(x, i), w.input_norm.data_ptr<float>(), D, c.rms_norm_eps, RowPtr(h, i));
     }
-    BatchedLinear(blas, h, w.wqkv, w.bqkv, qkv);
+    BatchedLinear(blas, loops_split, h, w.wqkv, w.bqkv, qkv);
     const bool window = c.UsesSlidingWindow(l);
     for (int64_t i = 0; i < N; ++i) {
       float* q = RowPtr(qkv, i);
@@ -652,22 +695,22 @@ absl::StatusOr<std::vector<DecodeResult>> Transformer::Impl::DecodeBatchCpu(absl
     // with one item per head).
     int64_t work = 0;
     for (int64_t i = 0; i < N; ++i) work += rows[i].cache->size(l) * H * d;
-    const GroupSplit split = SplitGroups(N, blas ? 1 : omp_get_max_threads());
+    const GroupSplit split = SplitGroups(N, loops_split ? omp_get_max_threads() : 1);
     const int64_t items = split.Items(G);
-#pragma omp parallel for schedule(dynamic, 1) if (!blas && work >= kMinParallelWork)
+#pragma omp parallel for schedule(dynamic, 1) if (loops_split && work >= kMinParallelWork)
     for (int64_t p = 0; p < N * items; ++p) {
       const int64_t i = p / items;
       AttendGroup(*rows[i].cache, l, split, p % items, RowPtr(qkv, i), pos[i], window, scale, RowPtr(attn, i));
     }
-    BatchedLinear(blas, attn, w.wo, w.bo, o);
+    BatchedLinear(blas, loops_split, attn, w.wo, w.bo, o);
     x.add_(o);
     for (int64_t i = 0; i < N; ++i) {
       RmsNormRow(RowPtr(x, i), w.post_norm.data_ptr<float>(), D, c.rms_norm_eps, RowPtr(h, i));
     }
-    BatchedLinear(blas, h, w.w_gate_up, at::Tensor(), gu);
+    BatchedLinear(blas, loops_split, h, w.w_gate_up, at::Tensor(), gu);
     // SiLU rows split over the pool (std::exp per entry: 0.6 ms of a 16-row step of the
     // 40M model on one thread).
-#pragma omp parallel for schedule(static) if (!blas && N * I >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (loops_split && N * I >= kMinParallelWork)
     for (int64_t i = 0; i < N; ++i) {
       const float* gi = RowPtr(gu, i);
       float* ai = RowPtr(act, i);
@@ -676,7 +719,7 @@ absl::StatusOr<std::vector<DecodeResult>> Transformer::Impl::DecodeBatchCpu(absl
         ai[j] = g / (1.0f + std::exp(-g)) * gi[I + j];
       }
     }
-    BatchedLinear(blas, act, w.w_down, at::Tensor(), down);
+    BatchedLinear(blas, loops_split, act, w.w_down, at::Tensor(), down);
     x.add_(down);
   }
   for (int64_t i = 0; i < N; ++i) {
@@ -684,7 +727,7 @@ absl::StatusOr<std::vector<DecodeResult>> Transformer::Impl::DecodeBatchCpu(absl
     RmsNormRow(RowPtr(x, i), final_norm.data_ptr<float>(), D, c.rms_norm_eps, RowPtr(h, i));
   }
   at::Tensor logits = at::empty({N, V}, f32);
-  BatchedLinear(blas, h, lm_head, at::Tensor(), logits);
+  BatchedLinear(blas, loops_split, h, lm_head, at::Tensor(), logits);
   // Each row's logits are a contiguous view of the batch's [N, V] block.
   for (int64_t i = 0; i < N; ++i) results[i].logits = logits.select(0, i);
   return results;
@@ -759,6 +802,14 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
   impl->pools = std::make_unique<ThreadPools>(threads);
   const char* blas_env = std::getenv("ECHOKV_DECODE_BATCH_BLAS");
   impl->decode_batch_blas = blas_env != nullptr && std::string(blas_env) == "1";
+  // ECHOKV_DECODE_SPLIT=rows or =ops (read at load) overrides the choice by size.
+  const char* split_env = std::getenv("ECHOKV_DECODE_SPLIT");
+  const std::string split = split_env != nullptr ? split_env : "";
+  if (!split.empty() && split != "rows" && split != "ops") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ECHOKV_DECODE_SPLIT is '", split, "'; expected 'rows', 'ops' or unset (by model size)"));
+  }
+  impl->split_batch_rows = split.empty() ? parameters < kSmallModelParameters : split == "rows";
   impl->pools->ForBatched();
   impl->config = config;
   impl->device_options = device;
@@ -804,7 +855,9 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
   ECHOKV_LOG(INFO) << "loaded " << ModelTypeName(config.type) << " model: " << config.num_layers << " layers, "
                    << config.num_heads << "/" << config.num_kv_heads << " heads, d=" << config.head_dim
                    << ", rope_scaling " << RopeScalingTypeName(config.rope_scaling.type) << ", vocab " << config.vocab_size << " on " << device.device << " " << device.dtype << ", "
-                   << threads << " threads [" << threads_why << "] (" << impl->pools->Describe() << "); "
+                   << threads << " threads [" << threads_why << "] (" << impl->pools->Describe() << "; decode "
+                   << (impl->split_batch_rows ? "batches split by rows" : "batches split by operation")
+                   << (split.empty() ? "" : " [ECHOKV_DECODE_SPLIT]") << "); "
                    << DescribeBlasSetup() << "; attention kernel " << kernels::AttentionIsa() << "; "
                    << (huge_page_bytes >> 20) << " MiB of weights on huge pages";
   return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));

@@ -9,9 +9,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <ostream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "model/transformer.h"
 #include "tests/model/naive_reference.h"
@@ -48,6 +51,12 @@ double RelDiff(const at::Tensor& a, const std::vector<double>& b) {
 double RelDiff(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor bd = b.to(at::kDouble);
   return (a.to(at::kDouble) - bd).abs().max().item<double>() / std::max(1.0, bd.abs().max().item<double>());
+}
+
+// ECHOKV_DECODE_BATCH_BLAS=1: the batched products are OpenBLAS's, in another order.
+bool BatchUsesBlas() {
+  const char* e = std::getenv("ECHOKV_DECODE_BATCH_BLAS");
+  return e != nullptr && std::string(e) == "1";
 }
 
 // One row of the test: its token sequence (prompt, then the decoded tokens), how long
@@ -88,15 +97,28 @@ RowSpec MakeRow(const ModelConfig& c, int i) {
   return r;
 }
 
-class DecodeBatchTest : public ::testing::TestWithParam<ModelType> {
+// How a batched step is split over the 2 threads (ECHOKV_DECODE_SPLIT): by operation
+// (the default for models of 4M parameters and more) or by rows (each thread runs the
+// whole step for its share of the rows: the default for smaller models, these included).
+struct BatchCase {
+  ModelType type;
+  const char* split;
+};
+
+void PrintTo(const BatchCase& c, std::ostream* os) { *os << ModelTypeName(c.type) << ", split by " << c.split; }
+
+class DecodeBatchTest : public ::testing::TestWithParam<BatchCase> {
  protected:
   void SetUp() override {
-    ref_ = MakeRandomModel(TinyConfig(GetParam()), 777 + static_cast<int>(GetParam()));
+    const ModelType type = GetParam().type;
+    ref_ = MakeRandomModel(TinyConfig(type), 777 + static_cast<int>(type));
     dir_ = testing::MakeTempDir("echokv_decode_batch_");
     testing::WriteModelDir(ref_, dir_);
     DeviceOptions dev;
     dev.num_threads = 2;  // the products' blocking and the pools as served
+    setenv("ECHOKV_DECODE_SPLIT", GetParam().split, 1);  // read at load
     auto m = Transformer::Load(dir_, dev);
+    unsetenv("ECHOKV_DECODE_SPLIT");
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::move(*m);
   }
@@ -168,6 +190,11 @@ TEST_P(DecodeBatchTest, EqualsSequentialDecodeAndTheReference) {
         const double ref = RelDiff(got[i].logits, expected[i][t]);
         EXPECT_LT(seq, kTol);
         EXPECT_LT(ref, kTol);
+        // Our own products (the default) compute each row as Decode does: the same bits,
+        // however the step is split over threads.
+        if (!BatchUsesBlas()) {
+          EXPECT_TRUE(at::equal(got[i].logits, want.logits));
+        }
         worst_seq = std::max(worst_seq, seq);
         worst_ref = std::max(worst_ref, ref);
         // Greedy decisions: how far the top two logits are apart, against the round-off.
@@ -192,7 +219,7 @@ TEST_P(DecodeBatchTest, EqualsSequentialDecodeAndTheReference) {
   }
   std::printf("[ %s ] worst |batched - sequential| %.2e, |batched - float64| %.2e (of the logit scale); "
               "smallest top-2 logit gap %.2e\n",
-              std::string(ModelTypeName(GetParam())).c_str(), worst_seq, worst_ref, min_margin);
+              absl::StrCat(ModelTypeName(GetParam().type), " ", GetParam().split).c_str(), worst_seq, worst_ref, min_margin);
 }
 
 // The comparison can fail: a row decoded at another row's position, or with another
@@ -234,9 +261,25 @@ TEST_P(DecodeBatchTest, BadRowsFailTheCallBeforeAnyCacheChanges) {
   EXPECT_TRUE(none.empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, DecodeBatchTest,
-                         ::testing::Values(ModelType::kLlama, ModelType::kMistral, ModelType::kQwen2),
-                         [](const auto& info) { return std::string(ModelTypeName(info.param)); });
+INSTANTIATE_TEST_SUITE_P(FamiliesAndSplits, DecodeBatchTest,
+                         ::testing::Values(BatchCase{ModelType::kLlama, "ops"}, BatchCase{ModelType::kLlama, "rows"},
+                                           BatchCase{ModelType::kMistral, "ops"},
+                                           BatchCase{ModelType::kMistral, "rows"},
+                                           BatchCase{ModelType::kQwen2, "ops"}, BatchCase{ModelType::kQwen2, "rows"}),
+                         [](const auto& info) {
+                           return absl::StrCat(ModelTypeName(info.param.type), "_", info.param.split);
+                         });
+
+// A bad ECHOKV_DECODE_SPLIT fails the load and names the variable.
+TEST(DecodeSplitTest, UnknownValueFailsTheLoad) {
+  NaiveModel ref = MakeRandomModel(TinyConfig(ModelType::kLlama), 5);
+  const std::string dir = testing::MakeTempDir("echokv_decode_split_");
+  testing::WriteModelDir(ref, dir);
+  setenv("ECHOKV_DECODE_SPLIT", "columns", 1);
+  absl::StatusOr<std::unique_ptr<Transformer>> m = Transformer::Load(dir, DeviceOptions{});
+  unsetenv("ECHOKV_DECODE_SPLIT");
+  EXPECT_THAT(m.status(), StatusIs(absl::StatusCode::kInvalidArgument, "ECHOKV_DECODE_SPLIT is 'columns'"));
+}
 
 }  // namespace
 }  // namespace echokv::model
