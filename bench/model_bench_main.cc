@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "bench/roofline.h"
 #include "common/env.h"
 #include "common/flag_names.h"
 #include "common/logging.h"
@@ -39,6 +41,9 @@ ABSL_FLAG(int, threads, 0, "LibTorch threads (0 = all cores)");
 ABSL_FLAG(std::string, batches, "",
           "also decode this many streams together (Transformer::DecodeBatch, as the server's engine step), "
           "comma-separated, each after a 256-token context; prints tok/s and dense GFLOP/s");
+ABSL_FLAG(bool, roofline, false,
+          "with --batches: measure the GEMM peak and the read bandwidth first (bench/roofline.h) and print each "
+          "step's bytes read and the GFLOP/s no step can exceed");
 ABSL_FLAG(std::string, llama2c_runomp, "auto",
           "echokv-bench-llama2c-runomp (llama2.c `make runomp`: -Ofast -fopenmp -march=native), the headline "
           "baseline; auto = next to this binary, empty = skip");
@@ -92,16 +97,30 @@ std::string LoadAverage() {
 // N streams decoded together for `steps` steps: each starts from its own copy of one
 // 256-token prefill and feeds back its own greedy token (so rows differ after step 1).
 // FLOPs are the dense products (2 x multiply-adds of QKV, output, MLP and LM head).
-int BatchedDecode(const echokv::model::Transformer& model, const std::string& batches, int steps) {
+// With `roofline`: the bytes a step reads (every weight once, float32, and every row's
+// keys and values) and the GFLOP/s that bytes and FLOPs allow on this machine.
+int BatchedDecode(const echokv::model::Transformer& model, const std::string& batches, int steps,
+                  const std::optional<echokv::bench::Roofline>& roofline) {
   if (batches.empty()) return 0;
   const auto& c = model.config();
   const double D = c.hidden_size, Hd = static_cast<double>(c.num_heads) * c.head_dim,
                Gd = static_cast<double>(c.num_kv_heads) * c.head_dim;
   const double flops = 2.0 * (c.num_layers * (D * (Hd + 2 * Gd) + Hd * D + 3 * D * c.intermediate_size) +
                               D * c.vocab_size);
+  const double weight_bytes = flops / 2 * sizeof(float);  // one multiply-add per weight
   std::printf("\nbatched decode: N streams per step (DecodeBatch; N = 1 is Decode), %d steps after a 256-token "
-              "context, %.1f MFLOP per token\n%-8s %14s %12s %10s %6s\n",
-              steps, flops / 1e6, "streams", "tok/s (all)", "step ms", "GFLOP/s", "load1");
+              "context, %.1f MFLOP per token\n",
+              steps, flops / 1e6);
+  if (roofline.has_value()) {
+    std::printf("roofline (%d threads): GEMM peak %.1f GFLOP/s (2048^3 OpenBLAS product), read %.1f GB/s (160 MiB "
+                "on huge pages); bound = FLOP per step / max(FLOP / peak, bytes read / bandwidth), bytes = weights "
+                "%.1f MB + every row's keys and values\n",
+                roofline->threads, roofline->peak_gflops, roofline->read_gbs, weight_bytes / 1e6);
+    std::printf("%-8s %14s %12s %10s %12s %12s %10s %10s %6s\n", "streams", "tok/s (all)", "step ms", "GFLOP/s",
+                "MB/step", "bound GF/s", "% peak", "% bound", "load1");
+  } else {
+    std::printf("%-8s %14s %12s %10s %6s\n", "streams", "tok/s (all)", "step ms", "GFLOP/s", "load1");
+  }
   echokv::model::KvCache base = model.NewCache();
   auto pre = model.Forward(echokv::bench::BenchContext(256, c.vocab_size), &base, echokv::model::ForwardOptions());
   if (!pre.ok()) return echokv::bench::ReportBenchError(pre.status());
@@ -115,8 +134,14 @@ int BatchedDecode(const echokv::model::Transformer& model, const std::string& ba
     std::vector<echokv::model::KvCache> caches(n, base);
     std::vector<echokv::model::DecodeRow> rows(n);
     for (int i = 0; i < n; ++i) rows[i] = {(first + i) % c.vocab_size, &caches[i], false};
+    double kv_bytes = 0;  // summed over the steps
     const auto t0 = std::chrono::steady_clock::now();
     for (int s = 0; s < steps; ++s) {
+      if (roofline.has_value()) {
+        for (const echokv::model::KvCache& cache : caches) {
+          for (int l = 0; l < c.num_layers; ++l) kv_bytes += (cache.size(l) + 1) * Gd * 2 * sizeof(float);
+        }
+      }
       auto out = model.DecodeBatch(rows);
       if (!out.ok()) return echokv::bench::ReportBenchError(out.status());
       for (int i = 0; i < n; ++i) {
@@ -125,8 +150,17 @@ int BatchedDecode(const echokv::model::Transformer& model, const std::string& ba
       }
     }
     const double sec = Seconds(t0, std::chrono::steady_clock::now());
-    std::printf("%-8d %14.1f %12.3f %10.1f %6s\n", n, n * steps / sec, 1e3 * sec / steps,
-                flops * n * steps / sec / 1e9, LoadAverage().c_str());
+    const double gflops = flops * n * steps / sec / 1e9;
+    if (roofline.has_value()) {
+      const double bytes = weight_bytes + kv_bytes / steps;  // per step
+      const double bound = echokv::bench::BoundGflops(flops * n, bytes, *roofline);
+      std::printf("%-8d %14.1f %12.3f %10.1f %12.1f %12.1f %10.1f %10.1f %6s\n", n, n * steps / sec,
+                  1e3 * sec / steps, gflops, bytes / 1e6, bound, 100 * gflops / roofline->peak_gflops,
+                  100 * gflops / bound, LoadAverage().c_str());
+    } else {
+      std::printf("%-8d %14.1f %12.3f %10.1f %6s\n", n, n * steps / sec, 1e3 * sec / steps, gflops,
+                  LoadAverage().c_str());
+    }
     std::fflush(stdout);
   }
   return 0;
@@ -137,6 +171,12 @@ int main(int argc, char** argv) {
   echokv::DashedFlagArgs dashed(argc, argv);
   absl::ParseCommandLine(dashed.argc(), dashed.argv());
   echokv::InitLogging(argv[0]);
+  std::optional<echokv::bench::Roofline> roofline;
+  if (absl::GetFlag(FLAGS_roofline) && !absl::GetFlag(FLAGS_batches).empty()) {
+    // Before the model exists: its pool switching remembers what it last set.
+    const int t = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : echokv::DefaultThreadCount();
+    roofline = echokv::bench::MeasureRoofline(t, 2.0);
+  }
   std::string dir;
   auto model = echokv::bench::LoadBenchModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_random40m),
                                              absl::GetFlag(FLAGS_threads), &dir);
@@ -204,5 +244,5 @@ int main(int argc, char** argv) {
     std::printf(" %6s\n", LoadAverage().c_str());
     std::fflush(stdout);
   }
-  return BatchedDecode(**model, absl::GetFlag(FLAGS_batches), absl::GetFlag(FLAGS_decode));
+  return BatchedDecode(**model, absl::GetFlag(FLAGS_batches), absl::GetFlag(FLAGS_decode), roofline);
 }
