@@ -227,9 +227,10 @@ constexpr int64_t kMinParallelWork = int64_t{1} << 13;
 
 // y[rows] = W[rows, cols] x[cols] (+ bias) by kernels::MatMulRows (the batched decode
 // products' kernel, so Decode and DecodeBatch agree bit for bit); rows split over the
-// OpenMP pool when the matrix is large enough to pay for it.
-void MatVec(const float* w, const float* x, const float* bias, int64_t rows, int64_t cols, float* y) {
-  if (rows * cols < kMinParallelWork) return kernels::MatMulRows(w, x, bias, 1, rows, cols, y, 0, rows);
+// OpenMP pool when `may_split` and the matrix is large enough to pay for it.
+void MatVec(const float* w, const float* x, const float* bias, int64_t rows, int64_t cols, float* y,
+            bool may_split) {
+  if (!may_split || rows * cols < kMinParallelWork) return kernels::MatMulRows(w, x, bias, 1, rows, cols, y, 0, rows);
 #pragma omp parallel
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -305,9 +306,16 @@ struct Transformer::Impl {
   at::Tensor lm_head;              // [V, D] (the embedding when tied)
   at::Tensor inv_freq;             // [d/2] float32 CPU
   std::unique_ptr<ThreadPools> pools;  // which pool gets the threads, per path
-  // DecodeBatch splits its rows, not its operations, over the pool: models with fewer
-  // parameters than kSmallModelParameters (common/env.h), or ECHOKV_DECODE_SPLIT=rows.
-  bool split_batch_rows = false;
+  // A model with fewer parameters than kSmallModelParameters (common/env.h), or
+  // ECHOKV_DECODE_SPLIT=rows: a decode token is a few dozen fork/joins' worth of work, so
+  // Decode keeps its loops on the calling thread and DecodeBatch splits its rows, not its
+  // operations, over the pool. With its loops split, a 2-thread stories260K stream in a
+  // busy hour (echokv-bench-server, 1 client) fell to 268-580 tokens/s (2-4 ms per token:
+  // each fork/join waits for a descheduled thread). 3 interleaved pairs, 2 threads, loops
+  // on one thread vs split: server, 1 client, inter-token p99 0.17-0.32 vs 1.0-1.5 ms at
+  // the same tokens/s; the model alone (echokv-bench-model) 16.4-18.2 vs 11.9-17.2 K
+  // tokens/s at 128 positions, 9.0-9.6 vs 8.5-12.3 K at 448 (the split's one gain).
+  bool small_model = false;
   bool decode_batch_blas = false;      // DecodeBatch's products through OpenBLAS (env, see there)
   mutable std::mutex trace_mu;         // guards trace (read by tests on other threads)
   mutable PoolTrace trace;
@@ -510,7 +518,7 @@ struct Transformer::Impl {
       const Layer& w = layers[l];
       RmsNormRow(x, w.input_norm.data_ptr<float>(), D, c.rms_norm_eps, h);
       MatVec(w.wqkv.data_ptr<float>(), h, w.bqkv.defined() ? w.bqkv.data_ptr<float>() : nullptr, (H + 2 * G) * d, D,
-             qkv);
+             qkv, !small_model);
       float* q = qkv;
       float* k = q + H * d;
       float* v = k + G * d;
@@ -525,23 +533,24 @@ struct Transformer::Impl {
       // KV groups (or runs of their heads) split over the OpenMP pool when there is
       // enough work.
       const GroupSplit split = SplitGroups(1, omp_get_max_threads());
-#pragma omp parallel for schedule(static) if (H * n * d >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (!small_model && H * n * d >= kMinParallelWork)
       for (int64_t t = 0; t < split.Items(G); ++t) AttendGroup(*cache, l, split, t, q, pos, window, scale, attn);
-      MatVec(w.wo.data_ptr<float>(), attn, w.bo.defined() ? w.bo.data_ptr<float>() : nullptr, D, H * d, o);
+      MatVec(w.wo.data_ptr<float>(), attn, w.bo.defined() ? w.bo.data_ptr<float>() : nullptr, D, H * d, o,
+             !small_model);
       for (int64_t i = 0; i < D; ++i) x[i] += o[i];
       RmsNormRow(x, w.post_norm.data_ptr<float>(), D, c.rms_norm_eps, h);
-      MatVec(w.w_gate_up.data_ptr<float>(), h, nullptr, 2 * I, D, gu);
+      MatVec(w.w_gate_up.data_ptr<float>(), h, nullptr, 2 * I, D, gu, !small_model);
       for (int64_t i = 0; i < I; ++i) {
         const float g = gu[i];
         act[i] = g / (1.0f + std::exp(-g)) * gu[I + i];
       }
-      MatVec(w.w_down.data_ptr<float>(), act, nullptr, D, I, down);
+      MatVec(w.w_down.data_ptr<float>(), act, nullptr, D, I, down, !small_model);
       for (int64_t i = 0; i < D; ++i) x[i] += down[i];
     }
     cache->set_next_position(pos + 1);
     RmsNormRow(x, final_norm.data_ptr<float>(), D, c.rms_norm_eps, h);
     result.logits = at::empty({V}, at::kFloat);
-    MatVec(lm_head.data_ptr<float>(), h, nullptr, V, D, result.logits.data_ptr<float>());
+    MatVec(lm_head.data_ptr<float>(), h, nullptr, V, D, result.logits.data_ptr<float>(), !small_model);
     return result;
   }
 };
@@ -621,7 +630,7 @@ absl::StatusOr<std::vector<DecodeResult>> Transformer::Impl::DecodeBatchCpu(absl
   // operation (the 40M model's products would read its weights once per thread instead).
   const int64_t N = static_cast<int64_t>(rows.size());
   const int64_t T = std::min<int64_t>(N, omp_get_max_threads());
-  if (blas || !split_batch_rows || T < 2) return DecodeBatchRows(rows, blas, /*split_ops=*/!split_batch_rows);
+  if (blas || !small_model || T < 2) return DecodeBatchRows(rows, blas, /*split_ops=*/!small_model);
   std::vector<absl::StatusOr<std::vector<DecodeResult>>> parts(T);
 #pragma omp parallel for schedule(static, 1) num_threads(T)
   for (int64_t t = 0; t < T; ++t) {
@@ -809,7 +818,7 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
     return absl::InvalidArgumentError(
         absl::StrCat("ECHOKV_DECODE_SPLIT is '", split, "'; expected 'rows', 'ops' or unset (by model size)"));
   }
-  impl->split_batch_rows = split.empty() ? parameters < kSmallModelParameters : split == "rows";
+  impl->small_model = split.empty() ? parameters < kSmallModelParameters : split == "rows";
   impl->pools->ForBatched();
   impl->config = config;
   impl->device_options = device;
@@ -856,7 +865,7 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
                    << config.num_heads << "/" << config.num_kv_heads << " heads, d=" << config.head_dim
                    << ", rope_scaling " << RopeScalingTypeName(config.rope_scaling.type) << ", vocab " << config.vocab_size << " on " << device.device << " " << device.dtype << ", "
                    << threads << " threads [" << threads_why << "] (" << impl->pools->Describe() << "; decode "
-                   << (impl->split_batch_rows ? "batches split by rows" : "batches split by operation")
+                   << (impl->small_model ? "loops on one thread, batches split by rows" : "loops split")
                    << (split.empty() ? "" : " [ECHOKV_DECODE_SPLIT]") << "); "
                    << DescribeBlasSetup() << "; attention kernel " << kernels::AttentionIsa() << "; "
                    << (huge_page_bytes >> 20) << " MiB of weights on huge pages";
