@@ -135,6 +135,7 @@ void Engine::Impl::Step() {
     ProcessCompletions({}, {}, {});  // e.g. a durable write came back
     return;
   }
+  const absl::Time started = clock->Now();
 
   auto find_stream = [&](uint64_t id) -> Stream* {
     for (auto& s : streams) {
@@ -228,6 +229,9 @@ void Engine::Impl::Step() {
   }
 
   ProcessCompletions(failed_streams, finished_streams, failed_jobs);
+  if (observer != nullptr) {
+    observer->OnStep(absl::ToDoubleSeconds(clock->Now() - started), static_cast<int>(rows.size()));
+  }
 }
 
 // Failed work already answered; finished streams and jobs answer now. Durable turns are

@@ -56,6 +56,7 @@ class Metrics : public EngineObserver {
   void OnSessionRejected(absl::string_view limit) override;
   void OnGauges(const EngineGauges& gauges) override;
   void OnStateWrite(double seconds, bool ok) override;
+  void OnStep(double seconds, int decode_rows) override;
   void OnStateError(absl::string_view kind) override;
   void OnSessionsRestored(int64_t count) override;
 

@@ -60,6 +60,10 @@ class EngineObserver {
   virtual void OnStateError(absl::string_view kind) {}
   // Sessions found valid on disk at start.
   virtual void OnSessionsRestored(int64_t count) {}
+  // One engine step that ran work: its wall time and the rows of its batched decode
+  // (streams and lookahead rows; 0 when it only prefilled, ran a policy phase or sampled
+  // new streams' first tokens from their sessions' logits).
+  virtual void OnStep(double seconds, int decode_rows) {}
 };
 
 }  // namespace echokv::server

@@ -489,6 +489,29 @@ TEST_F(ServerTest, ClientCancelLeavesServerHealthy) {
   EXPECT_EQ(g.ids.size(), 8u);
 }
 
+// Every engine step that runs work is timed, with the rows of its batched decode. A lone
+// stream of 8 tokens is 8 steps: the first samples from the logits its session kept (no
+// decode row), each of the 7 others decodes the stream's last token (one row).
+TEST_F(ServerTest, MetricsTimeEveryEngineStepAndCountItsDecodeRows) {
+  Created c = CreateSession(server_->stub(), CreateRequest(LongPrompt(1), "full", 0));
+  ASSERT_TRUE(c.status.ok()) << c.status.error_message();
+  const std::string before = Scrape(server_->metrics_port());
+  Generated g = Generate(server_->stub(), c.session.id(), 8);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  ASSERT_EQ(g.ids.size(), 8u);
+  const std::string after = Scrape(server_->metrics_port());
+  auto delta = [&](const std::string& series) {
+    return Series(after, series) - std::max(0.0, Series(before, series));
+  };
+  const double steps = delta("echokv_engine_step_seconds_count");
+  EXPECT_EQ(steps, 8);
+  EXPECT_GT(delta("echokv_engine_step_seconds_sum"), 0);
+  EXPECT_EQ(delta("echokv_engine_step_decode_rows_count"), steps);
+  EXPECT_EQ(delta("echokv_engine_step_decode_rows_sum"), 7);
+  EXPECT_EQ(delta("echokv_engine_step_decode_rows_bucket{le=\"0\"}"), 1);
+  EXPECT_EQ(delta("echokv_engine_step_decode_rows_bucket{le=\"1\"}"), steps);
+}
+
 TEST_F(ServerTest, MetricsPassPromtoolAndCountOneCompression) {
   const std::string before = Scrape(server_->metrics_port());
   ASSERT_THAT(before, HasSubstr("echokv_"));
