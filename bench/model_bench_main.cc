@@ -114,7 +114,8 @@ int BatchedDecode(const echokv::model::Transformer& model, const std::string& ba
   if (roofline.has_value()) {
     std::printf("roofline (%d threads): GEMM peak %.1f GFLOP/s (2048^3 OpenBLAS product), read %.1f GB/s (160 MiB "
                 "on huge pages); bound = FLOP per step / max(FLOP / peak, bytes read / bandwidth), bytes = weights "
-                "%.1f MB + every row's keys and values\n",
+                "%.1f MB + every row's keys and values, from memory (a step whose bytes stay in cache can pass "
+                "it)\n",
                 roofline->threads, roofline->peak_gflops, roofline->read_gbs, weight_bytes / 1e6);
     std::printf("%-8s %14s %12s %10s %12s %12s %10s %10s %6s\n", "streams", "tok/s (all)", "step ms", "GFLOP/s",
                 "MB/step", "bound GF/s", "% peak", "% bound", "load1");

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
+#include <omp.h>
 
 #include <cstdio>
 
@@ -28,6 +29,16 @@ __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4"))) ui
   uint64_t folded = 0;  // every lane, so no part of a load is dead code
   for (int lane = 0; lane < 8; ++lane) folded ^= all[lane];
   return folded;
+}
+
+// OpenMP's team for this thread. Not at::set_num_threads: LibTorch 1.13 also re-creates
+// caffe2's pthreadpool on every call (model/transformer.cc, ThreadPools), whose new
+// threads spin for a while, in the middle of what bench-model measures next.
+// at::get_num_threads() first runs LibTorch's per-thread set-up, which would otherwise
+// undo this at the first parallel region.
+void SetOpenMpThreads(int n) {
+  at::get_num_threads();
+  omp_set_num_threads(n);
 }
 
 void SetOpenBlasThreads(int n) {
@@ -65,10 +76,10 @@ double ReadBandwidth(int64_t mib, int threads, double seconds) {
 Roofline MeasureRoofline(int threads, double seconds) {
   Roofline r;
   r.threads = threads;
-  at::set_num_threads(1);
+  SetOpenMpThreads(1);
   SetOpenBlasThreads(threads);
   r.peak_gflops = MeasureProduct(2048, 2048, 2048, seconds);
-  at::set_num_threads(threads);
+  SetOpenMpThreads(threads);
   SetOpenBlasThreads(1);
   r.read_gbs = ReadBandwidth(160, threads, seconds);
   return r;

@@ -624,7 +624,7 @@ absl::StatusOr<std::vector<DecodeResult>> Transformer::Impl::DecodeBatchCpu(absl
   RecordPools(&PoolTrace::decode_batches, &PoolTrace::decode_batch);
   // A small model's step is split by rows: each thread runs the whole step for its share
   // of the rows (the weights fit in each core's cache), one fork/join per step instead of
-  // ~10 per layer, and its operations stay on that thread. Each row's bits do not depend
+  // ~6 per layer, and its operations stay on that thread. Each row's bits do not depend
   // on the rows it is batched with. stories260K, 2 threads, `echokv-bench-model --batches
   // 1,16`, 3 interleaved pairs: 16 rows 0.88-0.95 ms per step vs 0.95-0.96 split by
   // operation (the 40M model's products would read its weights once per thread instead).

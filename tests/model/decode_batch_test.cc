@@ -32,8 +32,9 @@ using ::echokv::testing::TinyConfig;
 // Relative to max(1, max |reference|), as in transformer_test.cc, whose comment derives
 // the bound: 1e-5 ≈ 170 float32 unit round-offs, below the ~350 u worst case of the
 // deepest float32 chain of these models and ~7x above what two float32 paths measure.
-// A batched product sums in another order than Decode's dot products, so the two are
-// round-off apart, no more; a wrong position, mask, cache entry or row mix-up moves
+// With ECHOKV_DECODE_BATCH_BLAS=1 a batched product sums in another order than Decode's
+// dot products, so the two are round-off apart, no more (by default they are the same
+// bits, checked below); a wrong position, mask, cache entry or row mix-up moves
 // logits by > 1e-2 (checked below: the comparison can fail).
 constexpr double kTol = 1e-5;
 
@@ -219,7 +220,8 @@ TEST_P(DecodeBatchTest, EqualsSequentialDecodeAndTheReference) {
   }
   std::printf("[ %s ] worst |batched - sequential| %.2e, |batched - float64| %.2e (of the logit scale); "
               "smallest top-2 logit gap %.2e\n",
-              absl::StrCat(ModelTypeName(GetParam().type), " ", GetParam().split).c_str(), worst_seq, worst_ref, min_margin);
+              absl::StrCat(ModelTypeName(GetParam().type), " ", GetParam().split).c_str(), worst_seq, worst_ref,
+              min_margin);
 }
 
 // The comparison can fail: a row decoded at another row's position, or with another
