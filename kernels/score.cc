@@ -143,8 +143,7 @@ at::Tensor AttentionScoresCpu(const at::Tensor& queries, const at::Tensor& keys,
             if (kp[j] > p) row[j] = kNegInf;
           }
         }
-        float mx = kNegInf;
-        for (int64_t j = 0; j < num_keys; ++j) mx = std::max(mx, row[j]);
+        const float mx = MaxOf(row.data(), num_keys);
         if (mx == kNegInf) continue;  // sees no key: contributes nothing
         const float inv = 1.0f / ExpShiftSum(row.data(), num_keys, mx);
         for (int64_t j = 0; j < num_keys; ++j) out_row[j] += row[j] * inv;

@@ -38,6 +38,26 @@ __attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) floa
   return sum;
 }
 
+__attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) float MaxOf(const float* x, int64_t n) {
+  constexpr int kLanes = 16;
+  constexpr float kNegInf = -__builtin_inff();
+  float acc[kLanes];
+  for (int i = 0; i < kLanes; ++i) acc[i] = kNegInf;
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int i = 0; i < kLanes; ++i) acc[i] = acc[i] < x[j + i] ? x[j + i] : acc[i];
+  }
+  float mx = kNegInf;
+  for (int i = 0; i < kLanes; ++i) mx = mx < acc[i] ? acc[i] : mx;
+  for (; j < n; ++j) mx = mx < x[j] ? x[j] : mx;
+  return mx;
+}
+
+__attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) void ScaleInPlace(float* x, int64_t n,
+                                                                                              float s) {
+  for (int64_t j = 0; j < n; ++j) x[j] *= s;
+}
+
 // 16 partial sums per row (the clones keep them in one or two vector registers).
 __attribute__((target_clones("default", "arch=haswell", "arch=x86-64-v4"))) void ScaledDots(
     const float* q, const float* rows, int64_t n, int64_t d, float scale, float* out) {

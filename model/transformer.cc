@@ -467,13 +467,12 @@ struct Transformer::Impl {
           if (pos - kpos[j] >= config.sliding_window) s[j] = -std::numeric_limits<float>::infinity();
         }
       }
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
+      const float mx = kernels::MaxOf(s, n);
       // exp by kernels/exp2_poly.h, vectorised: libm's expf, one call per score, was 8%
       // of stories260K's decode (40 heads x every position per token).
       const float den = kernels::ExpShiftSum(s, n, mx);  // masked scores (-inf) give 0
       const float inv_den = 1.0f / den;
-      for (int64_t j = 0; j < n; ++j) s[j] *= inv_den;
+      kernels::ScaleInPlace(s, n, inv_den);
       // The group's values are still in L2 for the next head.
       WeightedSumRows(s, values, n, d, out + h * d);
     }
