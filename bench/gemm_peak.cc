@@ -47,16 +47,13 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--threads") == 0) threads = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--seconds") == 0) seconds = std::atof(argv[i + 1]);
   }
-  at::set_num_threads(1);
-  using SetFn = void (*)(int);
-  auto set_blas = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (set_blas != nullptr) set_blas(threads);
+  const bool openblas = echokv::bench::SetBenchPools(/*openmp=*/1, /*openblas=*/threads);
   // OpenBLAS picks its kernels by CPU detection; on a virtual CPU with a generic name it
   // may pick an older core than the CPU's flags allow (OPENBLAS_CORETYPE overrides it).
   using NameFn = char* (*)();
   auto corename = reinterpret_cast<NameFn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
   std::printf("float32 GEMM, OpenMP 1, %s %d threads, core %s, OPENBLAS_CORETYPE=%s\n",
-              set_blas != nullptr ? "OpenBLAS" : "BLAS (not OpenBLAS)", threads,
+              openblas ? "OpenBLAS" : "BLAS (not OpenBLAS)", threads,
               corename != nullptr ? corename() : "?",
               std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "(unset)");
   std::printf("%s\n", echokv::DescribeBlasSetup().c_str());
@@ -68,8 +65,7 @@ int main(int argc, char** argv) {
   }
   // The decode products' own kernel (kernels/matmul_rows.h) on the same shapes, rows in
   // blocks over LibTorch's OpenMP pool (as a batched decode step runs them).
-  at::set_num_threads(threads);
-  if (set_blas != nullptr) set_blas(1);
+  echokv::bench::SetBenchPools(/*openmp=*/threads, /*openblas=*/1);
   for (int64_t rows : {1, 16, 64}) {
     std::printf("%3lld x 512 x 1376, echokv MatMulRows (%s, OpenMP %d threads): %.1f GFLOP/s\n",
                 static_cast<long long>(rows), echokv::kernels::MatMulRowsIsa().c_str(), at::get_num_threads(),

@@ -31,23 +31,21 @@ __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4"))) ui
   return folded;
 }
 
-// OpenMP's team for this thread. Not at::set_num_threads: LibTorch 1.13 also re-creates
-// caffe2's pthreadpool on every call (model/transformer.cc, ThreadPools), whose new
-// threads spin for a while, in the middle of what bench-model measures next.
-// at::get_num_threads() first runs LibTorch's per-thread set-up, which would otherwise
-// undo this at the first parallel region.
-void SetOpenMpThreads(int n) {
-  at::get_num_threads();
-  omp_set_num_threads(n);
-}
+}  // namespace
 
-void SetOpenBlasThreads(int n) {
+// Not at::set_num_threads: LibTorch 1.13 also re-creates caffe2's pthreadpool on every
+// call (model/transformer.cc, ThreadPools), whose new threads spin for a while, in the
+// middle of what is measured next. at::get_num_threads() first runs LibTorch's
+// per-thread set-up, which would otherwise undo this at the first parallel region.
+bool SetBenchPools(int openmp, int openblas) {
+  at::get_num_threads();
+  omp_set_num_threads(openmp);
   using SetFn = void (*)(int);
   auto set_blas = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (set_blas != nullptr) set_blas(n);
+  if (set_blas == nullptr) return false;
+  set_blas(openblas);
+  return true;
 }
-
-}  // namespace
 
 double MeasureProduct(int64_t m, int64_t n, int64_t k, double seconds) {
   at::Tensor a = at::randn({m, k}), b = at::randn({n, k}), out = at::empty({m, n});
@@ -76,11 +74,9 @@ double ReadBandwidth(int64_t mib, int threads, double seconds) {
 Roofline MeasureRoofline(int threads, double seconds) {
   Roofline r;
   r.threads = threads;
-  SetOpenMpThreads(1);
-  SetOpenBlasThreads(threads);
+  SetBenchPools(/*openmp=*/1, /*openblas=*/threads);
   r.peak_gflops = MeasureProduct(2048, 2048, 2048, seconds);
-  SetOpenMpThreads(threads);
-  SetOpenBlasThreads(1);
+  SetBenchPools(/*openmp=*/threads, /*openblas=*/1);
   r.read_gbs = ReadBandwidth(160, threads, seconds);
   return r;
 }

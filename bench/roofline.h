@@ -43,6 +43,10 @@ double MeasureProduct(int64_t m, int64_t n, int64_t k, double seconds);
 // OpenMP threads: the best of three runs of `seconds` / 3. 0 if no memory.
 double ReadBandwidth(int64_t mib, int threads, double seconds);
 
+// OpenMP's team for this thread and OpenBLAS's pool (false, and OpenMP only, when the
+// BLAS is not OpenBLAS).
+bool SetBenchPools(int openmp, int openblas);
+
 struct Roofline {
   int threads = 0;
   double peak_gflops = 0;  // 2048^3 product, OpenBLAS `threads` threads
