@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "jinja/chat.h"
+#include "model/gguf.h"
+#include "model/gguf_tokenizer.h"
 #include "jinja/value.h"
 #include "nlohmann/json.hpp"
 
@@ -410,19 +412,25 @@ absl::StatusOr<ChatTemplate> ChatTemplateFromConfig(absl::string_view tokenizer_
   return absl::UnimplementedError("tokenizer_config.json has no chat_template");
 }
 
+absl::StatusOr<ChatTemplate> LoadChatTemplateOverride(const std::string& override_path, ChatTemplateTokens tokens) {
+  if (absl::StartsWith(override_path, "builtin:")) return BuiltinChatTemplate(override_path.substr(8), std::move(tokens));
+  ECHOKV_ASSIGN_OR_RETURN(std::string source, ReadFile(override_path));
+  return ChatTemplate::Create(source, std::move(tokens), override_path);
+}
+
 absl::StatusOr<ChatTemplate> LoadChatTemplate(const std::string& dir, const std::optional<std::string>& override_path) {
+  if (IsGgufFile(dir)) {
+    ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(dir));
+    absl::StatusOr<ChatTemplate> t = LoadGgufChatTemplate(*gguf, override_path);
+    if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat(dir, ": ", t.status().message()));
+    return t;
+  }
   const std::string config_path = dir + "/tokenizer_config.json";
   ECHOKV_ASSIGN_OR_RETURN(std::string config, ReadOptionalFile(config_path));
   ECHOKV_ASSIGN_OR_RETURN(std::string special_map, ReadOptionalFile(dir + "/special_tokens_map.json"));
   absl::StatusOr<ChatTemplateTokens> tokens = ParseChatTemplateTokens(config, special_map);
   if (!tokens.ok()) return absl::Status(tokens.status().code(), absl::StrCat(dir, ": ", tokens.status().message()));
-  if (override_path) {
-    if (absl::StartsWith(*override_path, "builtin:")) {
-      return BuiltinChatTemplate(override_path->substr(8), *std::move(tokens));
-    }
-    ECHOKV_ASSIGN_OR_RETURN(std::string source, ReadFile(*override_path));
-    return ChatTemplate::Create(source, *std::move(tokens), *override_path);
-  }
+  if (override_path) return LoadChatTemplateOverride(*override_path, *std::move(tokens));
   const std::string jinja_path = dir + "/chat_template.jinja";
   ECHOKV_ASSIGN_OR_RETURN(std::string jinja_source, ReadOptionalFile(jinja_path));
   if (!jinja_source.empty()) return ChatTemplate::Create(jinja_source, *std::move(tokens), jinja_path);

@@ -150,8 +150,11 @@ absl::StatusOr<ChatTemplate> ChatTemplateFromConfig(absl::string_view tokenizer_
 // Loads the model directory's template, or the operator's override (a Jinja file, or
 // "builtin:NAME"), with the model's special tokens. UNIMPLEMENTED when there is no
 // template; NotFound / InvalidArgument naming the file for unreadable or bad ones.
+// `dir` may also be a .gguf file (its tokenizer.chat_template: model/gguf_tokenizer.h).
 absl::StatusOr<ChatTemplate> LoadChatTemplate(const std::string& dir,
                                               const std::optional<std::string>& override_path = std::nullopt);
+// The operator's template: a Jinja file or "builtin:NAME", with the model's tokens.
+absl::StatusOr<ChatTemplate> LoadChatTemplateOverride(const std::string& override_path, ChatTemplateTokens tokens);
 
 // Token ids of a rendered conversation (see "Tokenization" above).
 absl::StatusOr<std::vector<int>> EncodeRenderedChat(absl::string_view rendered, const Tokenizer& tokenizer);

@@ -385,6 +385,17 @@ absl::Status ModelConfig::Validate() const {
   if (absl::Status s = rope_scaling.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("model config: ", s.message()));
   }
+  if (!rope_freq_factors.empty()) {
+    if (rope_freq_factors.size() != static_cast<size_t>(head_dim / 2)) {
+      return bad("rope_freq_factors", absl::StrCat("must hold head_dim / 2 = ", head_dim / 2, " values, got ",
+                                                   rope_freq_factors.size()));
+    }
+    for (float f : rope_freq_factors) {
+      if (!(f > 0) || !std::isfinite(f)) {
+        return bad("rope_freq_factors", absl::StrCat("must be positive and finite, got ", f));
+      }
+    }
+  }
   if (sliding_window < 0) {
     return bad("sliding_window", absl::StrCat("must be >= 0, got ", sliding_window));
   }

@@ -58,6 +58,10 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;         // rope_scaling (kNone when null)
+  // Per-frequency RoPE divisors ([head_dim / 2], all > 0) that a GGUF's
+  // `rope_freqs.weight` carries (llama.cpp's form of Llama 3.1's scaling): inv_freq[i]
+  // is divided by factor[i] after rope_scaling. Empty = none (Hugging Face configs).
+  std::vector<float> rope_freq_factors;
   bool tie_word_embeddings = false;
   bool qkv_bias = false;            // q/k/v projections carry a bias (Qwen2; Llama attention_bias)
   bool o_bias = false;              // o_proj carries a bias (Llama attention_bias)

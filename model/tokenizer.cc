@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "model/bpe_tokenizer.h"
+#include "model/gguf.h"
+#include "model/gguf_tokenizer.h"
 #include "model/sentencepiece_tokenizer.h"
 
 namespace echokv::model {
@@ -67,6 +69,12 @@ absl::StatusOr<BoundedEncoding> Tokenizer::EncodeAtMost(absl::string_view text, 
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& dir) {
+  if (IsGgufFile(dir)) {
+    ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(dir));
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok = LoadGgufTokenizer(*gguf);
+    if (!tok.ok()) return absl::Status(tok.status().code(), absl::StrCat(dir, ": ", tok.status().message()));
+    return tok;
+  }
   if (IsByteLevelBpeDir(dir)) return LoadBpeTokenizer(dir);
   const std::string spm_path = dir + "/tokenizer.model";
   if (access(spm_path.c_str(), F_OK) == 0) return LoadSentencePieceTokenizer(dir);

@@ -74,7 +74,8 @@ class Tokenizer {
 
 // Loads the tokenizer of a model directory: tokenizer.json when it holds a byte-level
 // BPE model, otherwise tokenizer.model (SentencePiece). tokenizer_config.json, when
-// present, supplies add_bos_token and the special tokens.
+// present, supplies add_bos_token and the special tokens. `dir` may also be a .gguf
+// file: the tokenizer in its metadata (model/gguf_tokenizer.h).
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& dir);
 
 // Streams text for a growing id sequence without ever emitting a partial UTF-8

@@ -3,7 +3,7 @@
 // whose groups may each hold their own entries.
 //
 //   DeviceOptions dev;                                   // cpu / float32 by default
-//   ECHOKV_ASSIGN_OR_RETURN(auto model, Transformer::Load("/models/stories260K", dev));
+//   ECHOKV_ASSIGN_OR_RETURN(auto model, Transformer::Load("/models/stories260K", dev));  // or a .gguf
 //   KvCache cache = model->NewCache();
 //   ForwardOptions fo; fo.return_anchor_queries = true; fo.keep_last_queries = 32;
 //   ECHOKV_ASSIGN_OR_RETURN(ForwardResult pre, model->Forward(prompt, &cache, fo));
@@ -26,6 +26,7 @@
 #include "model/config.h"
 #include "model/kv_cache.h"
 #include "model/safetensors.h"
+#include "model/weights.h"
 
 namespace echokv::model {
 
@@ -126,10 +127,15 @@ at::Tensor ComputeRopeInvFreq(const ModelConfig& config);
 
 class Transformer {
  public:
-  // Loads config.json (+ generation_config.json) and the safetensors weights of `dir`.
-  static absl::StatusOr<std::unique_ptr<Transformer>> Load(const std::string& dir,
+  // Loads a model: a Hugging Face directory (config.json + generation_config.json and
+  // the safetensors weights) or one .gguf file (model/gguf_model.h; quantized weights
+  // are decoded to the device's dtype).
+  static absl::StatusOr<std::unique_ptr<Transformer>> Load(const std::string& path,
                                                            const DeviceOptions& device);
-  // Builds from an already parsed config and an open checkpoint (validated against it).
+  // Builds from an already parsed config and its weights (validated against it).
+  static absl::StatusOr<std::unique_ptr<Transformer>> Create(const ModelConfig& config,
+                                                             const WeightSource& weights,
+                                                             const DeviceOptions& device);
   static absl::StatusOr<std::unique_ptr<Transformer>> Create(const ModelConfig& config,
                                                              const Checkpoint& checkpoint,
                                                              const DeviceOptions& device);

@@ -1,11 +1,13 @@
 #include "model/weights.h"
 
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "model/ggml_types.h"
 
 namespace echokv::model {
 namespace {
@@ -57,20 +59,53 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config) {
   return out;
 }
 
+const std::vector<int64_t>* CheckpointWeights::Shape(absl::string_view name) const {
+  const TensorView* t = checkpoint_->Find(name);
+  return t == nullptr ? nullptr : &t->shape;
+}
+
+std::string CheckpointWeights::StoredType(absl::string_view name) const {
+  const TensorView* t = checkpoint_->Find(name);
+  return t == nullptr ? "" : std::string(DTypeName(t->dtype));
+}
+
+absl::Status CheckpointWeights::ReadFloat32(absl::string_view name, float* out) const {
+  const TensorView* t = checkpoint_->Find(name);
+  if (t == nullptr) return absl::NotFoundError(absl::StrCat("no tensor '", name, "'"));
+  const size_t n = t->nbytes / DTypeSize(t->dtype);
+  switch (t->dtype) {
+    case DType::kF32:
+      std::memcpy(out, t->data, t->nbytes);
+      break;
+    case DType::kF16:
+    case DType::kBF16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = static_cast<uint16_t>(t->data[2 * i] | (t->data[2 * i + 1] << 8));
+        out[i] = t->dtype == DType::kF16 ? HalfToFloat(h) : BFloat16ToFloat(h);
+      }
+      break;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateCheckpoint(const Checkpoint& checkpoint, const ModelConfig& config) {
+  return ValidateWeights(CheckpointWeights(&checkpoint), config);
+}
+
+absl::Status ValidateWeights(const WeightSource& checkpoint, const ModelConfig& config) {
   const std::vector<ExpectedTensor> expected = ExpectedTensors(config);
   std::set<std::string> known;
   std::vector<const ExpectedTensor*> missing;
   for (const ExpectedTensor& e : expected) {
     known.insert(e.name);
-    const TensorView* t = checkpoint.Find(e.name);
-    if (t == nullptr) {
+    const std::vector<int64_t>* shape = checkpoint.Shape(e.name);
+    if (shape == nullptr) {
       missing.push_back(&e);
       continue;
     }
-    if (t->shape != e.shape) {
+    if (*shape != e.shape) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", e.name, "' has shape ",
-                                                     ShapeString(t->shape), ", expected ",
+                                                     ShapeString(*shape), ", expected ",
                                                      ShapeString(e.shape)));
     }
   }
@@ -88,10 +123,10 @@ absl::Status ValidateCheckpoint(const Checkpoint& checkpoint, const ModelConfig&
     if (config.tie_word_embeddings && name == kLmHead) {
       // Tied checkpoints sometimes still store the (identical) output matrix.
       const std::vector<int64_t> want = {config.vocab_size, config.hidden_size};
-      const TensorView* t = checkpoint.Find(name);
-      if (t->shape != want) {
+      const std::vector<int64_t>* shape = checkpoint.Shape(name);
+      if (*shape != want) {
         return absl::InvalidArgumentError(absl::StrCat("tensor '", kLmHead, "' has shape ",
-                                                       ShapeString(t->shape), ", expected ",
+                                                       ShapeString(*shape), ", expected ",
                                                        ShapeString(want)));
       }
       continue;
