@@ -53,8 +53,10 @@
 #include "server/stream_slots.h"
 
 ABSL_FLAG(std::string, model, "",
-          "Model directory (Hugging Face layout); default $ECHOKV_MODEL, else the embedded stories260K "
-          "(a 260K-parameter TinyStories Llama, for demos and smoke tests)");
+          "The model: a .gguf file or a Hugging Face directory (config.json, *.safetensors, tokenizer); "
+          "default $ECHOKV_MODEL, else SmolLM2-135M-Instruct.Q4_1.gguf in $ECHOKV_MODELS / the models "
+          "folder (scripts/setup.sh fetches it), else the embedded stories260K (a 260K-parameter "
+          "TinyStories Llama, for smoke tests)");
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to serve gRPC on");
 ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port");
 ABSL_FLAG(std::string, port_file, "",

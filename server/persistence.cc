@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "compression/report.h"
+#include "model/ggml_types.h"
+#include "model/gguf.h"
 #include "model/safetensors.h"
 #include "server/state/fingerprint.h"
 
@@ -109,6 +111,21 @@ absl::Status Guard(const char *what, Fn fn) {
 }  // namespace
 
 absl::StatusOr<state::ModelFingerprint> FingerprintModelDir(const std::string &dir) {
+  if (model::IsGgufFile(dir)) {
+    // A GGUF file: its metadata and tensor table (every byte before the data section)
+    // stand for the config; then every tensor by name with its ggml type and bytes.
+    ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<model::GgufFile> gguf, model::GgufFile::Open(dir));
+    state::FingerprintBuilder b;
+    ECHOKV_RETURN_IF_ERROR(b.AddConfig(gguf->header_bytes()));
+    std::vector<const model::GgufTensor *> tensors;
+    for (const model::GgufTensor &t : gguf->tensors()) tensors.push_back(&t);
+    std::sort(tensors.begin(), tensors.end(),
+              [](const model::GgufTensor *a, const model::GgufTensor *c) { return a->name < c->name; });
+    for (const model::GgufTensor *t : tensors) {
+      ECHOKV_RETURN_IF_ERROR(b.AddTensor(t->name, model::FindGgmlType(t->type)->name, t->dims, gguf->TensorBytes(*t)));
+    }
+    return b.Finish();
+  }
   std::ifstream in(dir + "/config.json", std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("fingerprint: cannot read ", dir, "/config.json"));
   std::stringstream config;

@@ -46,8 +46,9 @@
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, model, "",
-          "Hugging Face model directory (config.json, *.safetensors, tokenizer); default $ECHOKV_MODEL, else "
-          "the embedded stories260K");
+          "The model: a .gguf file or a Hugging Face directory (config.json, *.safetensors, tokenizer); "
+          "default $ECHOKV_MODEL, else SmolLM2-135M-Instruct.Q4_1.gguf in the models folder, else the "
+          "embedded stories260K");
 ABSL_FLAG(std::string, prompt, "", "prompt text (tokenized with the model's tokenizer)");
 ABSL_FLAG(std::string, prompt_ids, "", "prompt as comma-separated token ids (instead of --prompt)");
 ABSL_FLAG(int, max_tokens, 64, "maximum tokens to generate (>= 1)");

@@ -4,12 +4,14 @@
 Seeds are real files, cut down: the header of stories260K's safetensors and a small
 well-formed checkpoint in the same format, the real config.json files, minimised
 tokenizer.json files (the first vocabulary entries and the merges among them, with the
-real normalizer / pre-tokenizer / decoder / added tokens of gpt2 and qwen2.5), the six
+real normalizer / pre-tokenizer / decoder / added tokens of gpt2 and qwen2.5), GGUF files
+of tiny models in the layout of SmolLM2's (its real metadata keys, chat template and first
+tokens, read from the models folder), the six
 real chat templates, real requests, and snapshots exported from a real server
 (tests/fuzz/corpus/fuzz_snapshot/README.md says how). Every file starts with the target's
 selector byte (see each target's header comment).
 
-  /usr/bin/python3 tests/fuzz/make_seeds.py [--data ../shared]   # Debian python3-protobuf
+  /usr/bin/python3 tests/fuzz/make_seeds.py [--data ../shared] [--models .cache/models]   # Debian python3-protobuf
 """
 import argparse
 import json
@@ -224,13 +226,173 @@ def edge():
     write("fuzz_edge", "http_session_new", b"\x05NEW\x00")
 
 
+# ---- GGUF (fuzz_gguf): a small writer and reader of the format, in plain Python ----
+
+GGUF_TYPES = {"u8": 0, "i8": 1, "u16": 2, "i16": 3, "u32": 4, "i32": 5, "f32": 6, "bool": 7, "str": 8,
+              "arr": 9, "u64": 10, "i64": 11, "f64": 12}
+SCALAR_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<B", 10: "<Q", 11: "<q", 12: "<d"}
+# ggml type id -> (block size, bytes per block)
+GGML_BLOCKS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+               10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 20: (32, 18),
+               23: (256, 136), 30: (1, 2)}
+
+
+def gguf_value(t, v):
+    if t == 8:
+        b = v.encode() if isinstance(v, str) else v
+        return struct.pack("<Q", len(b)) + b
+    if t == 9:
+        et, items = v
+        return struct.pack("<IQ", et, len(items)) + b"".join(gguf_value(et, x) for x in items)
+    return struct.pack(SCALAR_FMT[t], v)
+
+
+def gguf_file(kvs, tensors, alignment=32):
+    """kvs: [(key, type, value)]; tensors: [(name, dims, ggml type, bytes)] -> GGUF v3 bytes."""
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs))
+    for key, t, v in kvs:
+        out += gguf_value(8, key) + struct.pack("<I", t) + gguf_value(t, v)
+    off, blobs = 0, []
+    for name, dims, t, data in tensors:
+        out += gguf_value(8, name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        out += struct.pack("<IQ", t, off)
+        blobs.append((off, data))
+        off += (len(data) + alignment - 1) // alignment * alignment
+    out += b"\0" * (-len(out) % alignment)
+    data = bytearray(off)
+    for o, b in blobs:
+        data[o:o + len(b)] = b
+    return out + bytes(data)
+
+
+def gguf_read_metadata(path):
+    """The metadata of a GGUF file as {key: (type, value)} (arrays as (element type, list))."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+        _, _, n_tensors, n_kv = struct.unpack("<4sIQQ", head)
+
+        def read(n):
+            return f.read(n)
+
+        def value(t):
+            if t == 8:
+                (n,) = struct.unpack("<Q", read(8))
+                return read(n).decode("utf-8", "surrogateescape")
+            if t == 9:
+                et, n = struct.unpack("<IQ", read(12))
+                return (et, [value(et) for _ in range(n)])
+            fmt = SCALAR_FMT[t]
+            return struct.unpack(fmt, read(struct.calcsize(fmt)))[0]
+
+        meta = {}
+        for _ in range(n_kv):
+            (n,) = struct.unpack("<Q", read(8))
+            key = read(n).decode()
+            (t,) = struct.unpack("<I", read(4))
+            meta[key] = (t, value(t))
+    return meta
+
+
+def random_bytes(n, seed):
+    x, out = seed * 2654435761 % 2**32 or 1, bytearray(n)
+    for i in range(n):  # xorshift32: deterministic, no numpy
+        x ^= (x << 13) & 0xFFFFFFFF
+        x ^= x >> 17
+        x ^= (x << 5) & 0xFFFFFFFF
+        out[i] = x & 0xFF
+    return bytes(out)
+
+
+def quant_tensor(t, rows, cols, seed):
+    block, size = GGML_BLOCKS[t]
+    data = bytearray(random_bytes(rows * cols // block * size, seed))
+    if t in (0,):  # f32: small finite values
+        data = b"".join(struct.pack("<f", ((b % 200) - 100) / 100.0) for b in data[::4])
+    elif t in (1, 30):  # f16 / bf16: keep exponents small
+        data = bytearray(data)
+        for i in range(1, len(data), 2):
+            data[i] = 0x3C if t == 1 else 0x3F
+    return bytes(data)
+
+
+def gguf(models_dir):
+    """Seeds for fuzz_gguf: a tiny llama and qwen2 model in the layout of SmolLM2's file
+    (its real metadata keys, chat template and the first tokens of its vocabulary, with
+    the merges among them, when the real file is in the models folder), and every
+    tensor type once."""
+    real = os.path.join(models_dir, "SmolLM2-135M-Instruct.Q4_1.gguf")
+    tokens, merges, template, types = None, None, None, None
+    if os.path.exists(real):
+        meta = gguf_read_metadata(real)
+        tokens = meta["tokenizer.ggml.tokens"][1][1][:400]
+        kept = set(tokens)
+        merges = [m for m in meta["tokenizer.ggml.merges"][1][1] if "".join(m.split(" ")) in kept
+                  and all(p in kept for p in m.split(" "))][:300]
+        template = meta["tokenizer.chat_template"][1]
+        types = meta["tokenizer.ggml.token_type"][1][1][:400]
+    else:
+        print("make_seeds: %s is missing; the GGUF seeds use a synthetic vocabulary" % real, file=sys.stderr)
+        alphabet = [chr(c) for c in range(0x21, 0x7F)] + ["\u0120", "\u010a"]
+        tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + alphabet + ["\u0120t", "he", "\u0120the"]
+        merges = ["\u0120 t", "h e", "\u0120t he"]
+        template = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                    "{% endif %}")
+        types = [3, 3, 3] + [1] * (len(tokens) - 3)
+    vocab, hidden, ffn, heads, kv_heads, layers = len(tokens), 64, 128, 4, 2, 2
+    head_dim = hidden // heads
+
+    def model(arch, weight_type, bias, pre):
+        kvs = [("general.architecture", 8, arch), ("general.name", 8, "seed"), ("general.alignment", 4, 32),
+               (arch + ".block_count", 4, layers), (arch + ".context_length", 4, 256),
+               (arch + ".embedding_length", 4, hidden), (arch + ".feed_forward_length", 4, ffn),
+               (arch + ".attention.head_count", 4, heads), (arch + ".attention.head_count_kv", 4, kv_heads),
+               (arch + ".rope.freq_base", 6, 100000.0), (arch + ".attention.layer_norm_rms_epsilon", 6, 1e-5),
+               (arch + ".rope.dimension_count", 4, head_dim), ("tokenizer.ggml.model", 8, "gpt2"),
+               ("tokenizer.ggml.pre", 8, pre), ("tokenizer.ggml.tokens", 9, (8, tokens)),
+               ("tokenizer.ggml.token_type", 9, (5, types)), ("tokenizer.ggml.merges", 9, (8, merges)),
+               ("tokenizer.ggml.bos_token_id", 4, 1), ("tokenizer.ggml.eos_token_id", 4, 2),
+               ("tokenizer.ggml.padding_token_id", 4, 2), ("tokenizer.ggml.add_bos_token", 7, 0),
+               ("tokenizer.chat_template", 8, template)]
+        ts, seed = [], 1
+        ts.append(("token_embd.weight", [hidden, vocab], 8, quant_tensor(8, vocab, hidden, seed)))
+        for l in range(layers):
+            for name, rows, cols in (("attn_q", heads * head_dim, hidden), ("attn_k", kv_heads * head_dim, hidden),
+                                     ("attn_v", kv_heads * head_dim, hidden), ("attn_output", hidden, hidden),
+                                     ("ffn_gate", ffn, hidden), ("ffn_up", ffn, hidden), ("ffn_down", hidden, ffn)):
+                seed += 1
+                ts.append(("blk.%d.%s.weight" % (l, name), [cols, rows], weight_type,
+                           quant_tensor(weight_type, rows, cols, seed)))
+            if bias:
+                for name, rows in (("attn_q", heads * head_dim), ("attn_k", kv_heads * head_dim),
+                                   ("attn_v", kv_heads * head_dim)):
+                    ts.append(("blk.%d.%s.bias" % (l, name), [rows], 0, quant_tensor(0, 1, rows, seed)))
+            for name in ("attn_norm", "ffn_norm"):
+                ts.append(("blk.%d.%s.weight" % (l, name), [hidden], 0, quant_tensor(0, 1, hidden, seed)))
+        ts.append(("output_norm.weight", [hidden], 0, quant_tensor(0, 1, hidden, 99)))
+        return gguf_file(kvs, ts)
+
+    write("fuzz_gguf", "llama_q4_1_smollm", model("llama", 3, False, "smollm"))
+    write("fuzz_gguf", "qwen2_q8_0_bias", model("qwen2", 8, True, "qwen2"))
+    write("fuzz_gguf", "llama_q4_k_llama_bpe", model("llama", 12, False, "llama-bpe"))
+    every = [("t%d" % t, [GGML_BLOCKS[t][0] * 2, 2], t, quant_tensor(t, 2, GGML_BLOCKS[t][0] * 2, t))
+             for t in sorted(GGML_BLOCKS)]
+    write("fuzz_gguf", "every_type", gguf_file([("general.architecture", 8, "llama")], every, alignment=64))
+    write("fuzz_gguf", "every_value_type", gguf_file(
+        [("k.u8", 0, 255), ("k.i8", 1, -1), ("k.u16", 2, 65535), ("k.i16", 3, -2), ("k.u32", 4, 7),
+         ("k.i32", 5, -7), ("k.f32", 6, 0.5), ("k.bool", 7, 1), ("k.str", 8, "s"), ("k.u64", 10, 2**63),
+         ("k.i64", 11, -2**62), ("k.f64", 12, 0.25), ("k.arr", 9, (9, [(4, [1, 2]), (8, ["a"])]))], []))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--data", default=os.path.join(ROOT, "..", "shared"))
+    p.add_argument("--models", default=os.environ.get("ECHOKV_MODELS", os.path.join(ROOT, ".cache", "models")))
     a = p.parse_args()
-    for t in ("fuzz_model_files", "fuzz_tokenizer", "fuzz_chat_template", "fuzz_edge"):
+    for t in ("fuzz_model_files", "fuzz_gguf", "fuzz_tokenizer", "fuzz_chat_template", "fuzz_edge"):
         shutil.rmtree(os.path.join(HERE, "corpus", t), ignore_errors=True)
     model_files(a.data)
+    gguf(a.models)
     tokenizer(a.data)
     chat(a.data)
     edge()

@@ -12,6 +12,8 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/test_data.h"
+#include "tools/gguf_export.h"
+#include "tools/make_test_model.h"
 
 namespace echokv {
 namespace {
@@ -187,7 +189,9 @@ TEST_F(GenerateCliTest, BadFlagsNameTheField) {
 // ---- tests on the embedded model (models/stories260K in the source tree; no data) ----
 
 // The shell prefix that runs the CLI as a user without $ECHOKV_MODEL would.
-std::string NoEnvModel() { return "env -u ECHOKV_MODEL "; }
+// No $ECHOKV_MODEL, and a models folder without the default GGUF: the embedded
+// stories260K is the default then.
+std::string NoEnvModel() { return "env -u ECHOKV_MODEL ECHOKV_MODELS=/nonexistent/echokv-models "; }
 
 std::string IdList(int n) {
   std::string out = "1";
@@ -226,7 +230,7 @@ TEST(GenerateCliPositionsTest, PromptPlusMaxTokensMayExceedThePositionsByOne) {
   EXPECT_NE(beyond.err.find("at most 0"), std::string::npos) << beyond.err;
 }
 
-// Without --model (and without $ECHOKV_MODEL) the CLI runs the embedded stories260K and
+// Without --model (and without $ECHOKV_MODEL or the default GGUF) the CLI runs the embedded stories260K and
 // writes its known English: the greedy story from BOS that llama2.c's
 // doc/stories260K.md documents (an oracle independent of this code base).
 TEST(GenerateCliDefaultModelTest, NoModelFlagRunsTheEmbeddedStoriesModel) {
@@ -240,6 +244,28 @@ TEST(GenerateCliDefaultModelTest, NoModelFlagRunsTheEmbeddedStoriesModel) {
       testing::RunCommand(NoEnvModel() + ECHOKV_GENERATE_BIN + " --prompt 'Once upon a time' --max-tokens 14");
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   EXPECT_EQ(plain.out.rfind(", there was a little girl named Lily", 0), 0u) << plain.out;
+}
+
+// The default GGUF in $ECHOKV_MODELS comes before the embedded model: a folder whose
+// SmolLM2-135M-Instruct.Q4_1.gguf is a tiny model's GGUF twin runs that model (its
+// vocabulary of 320 ids shows which one ran; stories260K has 512).
+TEST(GenerateCliDefaultModelTest, TheDefaultGgufInTheModelsFolderComesFirst) {
+  const std::string root = testing::MakeTempDir("generate-models");
+  tools::TestModelOptions o;
+  o.out_dir = root + "/hf";
+  ASSERT_TRUE(tools::MakeTestModel(o).ok());
+  ASSERT_TRUE(tools::ExportGguf(o.out_dir, root + "/SmolLM2-135M-Instruct.Q4_1.gguf", {}).ok());
+  testing::CommandResult r = testing::RunCommand("env -u ECHOKV_MODEL ECHOKV_MODELS=" + root + " " +
+                                                 ECHOKV_GENERATE_BIN + " --prompt-ids 319 --max-tokens 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  testing::CommandResult stories = testing::RunCommand(NoEnvModel() + ECHOKV_GENERATE_BIN +
+                                                       " --prompt-ids 400 --max-tokens 2 --json");
+  ASSERT_EQ(stories.exit_code, 0) << stories.err;
+  testing::CommandResult too_big = testing::RunCommand("env -u ECHOKV_MODEL ECHOKV_MODELS=" + root + " " +
+                                                       ECHOKV_GENERATE_BIN + " --prompt-ids 400 --max-tokens 2");
+  EXPECT_NE(too_big.exit_code, 0);  // 400 is outside the tiny model's vocabulary
+  EXPECT_NE(too_big.err.find("400"), std::string::npos) << too_big.err;
+  std::filesystem::remove_all(root);
 }
 
 // $ECHOKV_MODEL overrides the embedded model, and --model overrides both.
