@@ -1,8 +1,8 @@
 // Prefill and decode speed of echokv's transformer, optionally side by side with
 // llama2.c's `run` on the same weights (--llama2c-bin): binaries you built yourself from
-// karpathy/llama2.c at commit 350e04fe with its own Makefile (`make run`: -O3, `make
-// runfast`: -Ofast, `make runomp`: -Ofast -fopenmp -march=native, run with
-// OMP_NUM_THREADS = --threads). The peer decodes the same positions (bench/llama2c_peer.h
+// karpathy/llama2.c at commit 350e04fe with its own Makefile (`make run`, `make runfast`
+// or `make runomp`; each runs with OMP_NUM_THREADS = --threads, which only the OpenMP
+// build reads). The peer decodes the same positions (bench/llama2c_peer.h
 // says how it is driven and timed); before timing, each peer's greedy continuation of a
 // short prompt is compared with echokv's, so a peer that computes another model shows.
 //
