@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -151,7 +152,7 @@ int BatchedDecode(const echokv::model::Transformer& model, const std::string& ba
 absl::Status PreparePeers(const echokv::model::Transformer& model, const std::string& model_dir,
                           const std::vector<int>& contexts, int decode, int threads,
                           const std::vector<echokv::bench::Llama2cBinary>& peers,
-                          echokv::bench::Llama2cInputs* inputs) {
+                          echokv::bench::Llama2cInputs* inputs, std::string* made_dir) {
   constexpr int kPromptAs = 14, kCheckTokens = 32;  // a 16-token prompt, 32 greedy ids
   int64_t seq_len = kPromptAs + 2 + kCheckTokens;
   for (int c : contexts) seq_len = std::max<int64_t>(seq_len, c + decode);
@@ -161,6 +162,7 @@ absl::Status PreparePeers(const echokv::model::Transformer& model, const std::st
     std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/echokv-llama2c-XXXXXX";
     if (mkdtemp(pattern.data()) == nullptr) return absl::InternalError("cannot create a directory for the peers");
     work = pattern;
+    *made_dir = work;  // removed at exit (the 40M model's checkpoint is 160 MB)
   }
   absl::StatusOr<echokv::bench::Llama2cInputs> in = echokv::bench::WriteLlama2cInputs(model_dir, work, seq_len);
   if (!in.ok()) return in.status();
@@ -247,8 +249,15 @@ int main(int argc, char** argv) {
       echokv::bench::ParseLlama2cBinaries(absl::GetFlag(FLAGS_llama2c_bin), "--llama2c-bin");
   if (!peers.ok()) return echokv::bench::ReportBenchError(peers.status());
   echokv::bench::Llama2cInputs peer_inputs;
+  struct RemoveDir {
+    std::string path;
+    ~RemoveDir() {
+      std::error_code ec;
+      if (!path.empty()) std::filesystem::remove_all(path, ec);
+    }
+  } made_dir;
   if (!peers->empty()) {
-    absl::Status s = PreparePeers(**model, dir, contexts, decode, threads, *peers, &peer_inputs);
+    absl::Status s = PreparePeers(**model, dir, contexts, decode, threads, *peers, &peer_inputs, &made_dir.path);
     if (!s.ok()) return echokv::bench::ReportBenchError(s);
   }
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
