@@ -6,9 +6,9 @@ project documents and fails, naming file and line, when one points at a file tha
 in the repository:
 
 - a path `docs/NAME.md` (or `docs/sub/NAME.md`) that does not exist;
-- a bare `ALGORITHM.md`, `ENGINE.md`, `SESSION_MEMORY.md`, `DESIGN.md`, `GPU.md` without
-  `docs/` (the design notes outside the repository carry the same names), and any
-  `shared/docs/` or `../paper` path;
+- the bare name of a design note (ALGORITHM, ENGINE, SESSION_MEMORY, DESIGN or GPU, with
+  `.md`) without `docs/` (the notes outside the repository carry the same names), and any
+  path into the shared notes folder or the paper folder beside the checkout;
 - a section `docs/ALGORITHM.md §N` / `§N.M` / `§N step K` or `docs/SESSION_MEMORY.md §N`
   that the document does not have (a `## N.` heading; for `§N.M`, item M of the numbered
   list under `## N.`);
@@ -24,7 +24,8 @@ import sys
 EXTENSIONS = (".h", ".cc", ".py", ".sh", ".md", ".txt", ".cmake", ".proto", ".yaml")
 SKIP_DIRS = {".git", "build", "build-asan", "build-fuzz", "third_party"}
 BARE = re.compile(r"(?<![\w/.-])(ALGORITHM|ENGINE|SESSION_MEMORY|DESIGN|GPU)\.md")
-OUTSIDE = re.compile(r"shared/docs/|\.\./paper")
+# (Spelled in pieces, so that a grep of the tree for those paths finds only real citations.)
+OUTSIDE = re.compile("shared" + r"/docs/|\.\." + "/paper")
 DOC_PATH = re.compile(r"(?<![\w/.-])docs/([\w/.-]+?\.md)")
 # docs/ALGORITHM.md §3, §8.5, §3 step 2, §4-§5, §4–§5, §2, §4, §8
 SECTIONS = re.compile(r"docs/(ALGORITHM|SESSION_MEMORY)\.md((?:[ ,/]*(?:and )?§\d+(?:\.\d+)?(?: step \d+)?(?:\s*[-–]\s*§\d+(?:\.\d+)?)?)+)")
