@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<model::Transformer>> LoadBenchModel(const std::st
 // error (InvalidArgument), 1 otherwise.
 int ReportBenchError(const absl::Status& status);
 
-// BOS (1) then (i * 7919 + 13) % vocab: the same ids bench/llama2c_ref.cc feeds.
+// BOS (1) then (i * 7919 + 13) % vocab: the context every speed bench feeds.
 std::vector<int> BenchContext(int length, int vocab);
 
 // Peak resident set size of this process so far, in bytes (VmHWM).

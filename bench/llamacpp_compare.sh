@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # echokv vs llama.cpp on the same weights, paired per repeat (issue 13 item 4, issue 14 item 8).
 #
-# 1. Builds llama.cpp (CPU, -DGGML_NATIVE=ON -DLLAMA_CURL=OFF, only the tools used) in a
-#    folder OUTSIDE the source tree (--peer-dir; skipped when the binaries are there).
-#    None of its code enters this repository.
+# llama.cpp is not built by this script, and none of its code is in this repository. Build
+# it yourself, outside the repository, from github.com/ggerganov/llama.cpp at commit
+# c392e5094deaf2d1a7c18683214f007fad3fe42b (2025-02-20, the commit of the figures in
+# docs/BENCHMARKS.md), following its own instructions ("Build llama.cpp locally", the CPU
+# build; the figures used a Release build with its defaults: GGML_NATIVE on, no BLAS), and
+# pass the folder that holds its binaries with --llama-bin DIR. The tools used are llama-bench,
+# llama-batched-bench, llama-convert-llama2c-to-ggml and llama-server.
+#
+# 1. Checks that each of those binaries runs (`--version`, or `--help` where a tool has
+#    no --version) and records the commit llama.cpp reports for itself.
 # 2. Exports both models with echokv-export-llama2c (HF -> llama2.c .bin, tokenizers
 #    too) and converts them with llama-convert-llama2c-to-ggml (GGUF, F32):
 #      stories260K    ($DATA/models/stories260K, tokenizer tok512 from its tokenizer.model)
@@ -29,26 +36,25 @@
 #    (1/4/16/64 streams, the same prompt ids, 2 threads each).
 #
 # Usage:
-#   bench/llamacpp_compare.sh [--peer-dir DIR] [--build DIR] [--data DIR] [--out DIR]
-#                             [--llama-src DIR] [--repeats N] [--threads 1,2]
+#   bench/llamacpp_compare.sh --llama-bin DIR [--peer-dir DIR] [--build DIR] [--data DIR]
+#                             [--out DIR] [--repeats N] [--threads 1,2]
 #                             [--coretypes Haswell,unset] [--models stories260K,random40m]
 #                             [--clients 1,4,16,64] [--server-rounds 2] [--no-server] [--server-only]
 #                             [--quick]
-#   --peer-dir   where llama.cpp is built and models are converted (default $HOME/.cache/echokv-peer;
-#                must be outside the repository)
-#   --llama-src  an existing llama.cpp checkout or source copy (default: git clone of
-#                github.com/ggerganov/llama.cpp at $LLAMA_CPP_COMMIT)
+#   --llama-bin  the folder of your llama.cpp build's binaries (e.g. llama.cpp/build/bin); required
+#   --peer-dir   where the models are converted and results written (default
+#                $HOME/.cache/echokv-peer; must be outside the repository)
 #   --quick      1 repeat, 1 thread, Haswell only, clients 1,4 (a smoke test, not figures)
 # Environment: ECHOKV_BENCH_LOCK (default /work/.bench.lock, else /tmp/echokv-bench.lock).
 set -euo pipefail
 
-LLAMA_CPP_COMMIT="${LLAMA_CPP_COMMIT:-c392e5094deaf2d1a7c18683214f007fad3fe42b}"
+LLAMA_CPP_COMMIT=c392e5094deaf2d1a7c18683214f007fad3fe42b  # the commit the usage text names
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PEER="${HOME:-/tmp}/.cache/echokv-peer"
 BUILD="$REPO/build"
 DATA="${ECHOKV_TEST_DATA:-$REPO/../shared}"
 OUT=""
-LLAMA_SRC=""
+LB=""
 REPEATS=3
 THREADS="1,2"
 CORETYPES="Haswell,unset"
@@ -65,7 +71,7 @@ while [[ $# -gt 0 ]]; do
     --build) BUILD="$2"; shift 2 ;;
     --data) DATA="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
-    --llama-src) LLAMA_SRC="$2"; shift 2 ;;
+    --llama-bin) LB="$2"; shift 2 ;;
     --repeats) REPEATS="$2"; shift 2 ;;
     --threads) THREADS="$2"; shift 2 ;;
     --coretypes) CORETYPES="$2"; shift 2 ;;
@@ -84,49 +90,37 @@ say() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
 die() { echo "llamacpp_compare: $*" >&2; exit 1; }
 trap 'echo "llamacpp_compare: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 
+[[ -n "$LB" ]] || { echo "llamacpp_compare: --llama-bin DIR is required (your llama.cpp build's binaries)" >&2; usage 2 >&2; }
+[[ -d "$LB" ]] || die "--llama-bin $LB is not a directory"
+LB="$(cd "$LB" && pwd)"
 mkdir -p "$PEER"
 PEER="$(cd "$PEER" && pwd)"
-case "$PEER/" in "$REPO/"*) die "--peer-dir $PEER is inside the repository; llama.cpp must stay outside it" ;; esac
+case "$PEER/" in "$REPO/"*) die "--peer-dir $PEER is inside the repository; the peer's files must stay outside it" ;; esac
 [[ -d "$DATA/models/stories260K" ]] || die "no $DATA/models/stories260K (give --data or ECHOKV_TEST_DATA)"
 BENCH_LOCK="${ECHOKV_BENCH_LOCK:-/work/.bench.lock}"
 [[ -d "$(dirname "$BENCH_LOCK")" && -w "$(dirname "$BENCH_LOCK")" ]] || BENCH_LOCK=/tmp/echokv-bench.lock
 OUT="${OUT:-$PEER/results-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$OUT"
-LB="$PEER/build/bin"
 EB="$BUILD/bin"
 
-# ---- 1. the peer ----------------------------------------------------------------------
+# ---- 1. the peer: the user's binaries, checked -------------------------------------------
 PEER_TOOLS=(llama-bench llama-batched-bench llama-convert-llama2c-to-ggml llama-server)
-peer_built() { for t in "${PEER_TOOLS[@]}"; do [[ -x "$LB/$t" ]] || return 1; done; }
-if peer_built; then
-  say "llama.cpp: using the build in $PEER/build"
-else
-  if [[ ! -f "$PEER/src/CMakeLists.txt" ]]; then
-    if [[ -n "$LLAMA_SRC" ]]; then
-      say "llama.cpp: copying sources from $LLAMA_SRC"
-      mkdir -p "$PEER/src" && cp -a "$LLAMA_SRC/." "$PEER/src/"
-      # A plain source copy has no history: record the commit when the source can tell.
-      git -C "$LLAMA_SRC" rev-parse HEAD >"$PEER/COMMIT" 2>/dev/null || rm -f "$PEER/COMMIT"
-    else
-      say "llama.cpp: cloning github.com/ggerganov/llama.cpp at $LLAMA_CPP_COMMIT"
-      git clone -q https://github.com/ggerganov/llama.cpp "$PEER/src"
-      git -C "$PEER/src" checkout -q "$LLAMA_CPP_COMMIT"
-      echo "$LLAMA_CPP_COMMIT" >"$PEER/COMMIT"
-    fi
-  fi
-  say "llama.cpp: configuring and building ${PEER_TOOLS[*]} (-j2, nice; ~10 min on 2 cores)"
-  cmake -S "$PEER/src" -B "$PEER/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF >"$PEER/cmake.log" 2>&1 \
-    || die "cmake failed, see $PEER/cmake.log"
-  nice -n 10 cmake --build "$PEER/build" -j2 --target "${PEER_TOOLS[@]}" >"$PEER/build.log" 2>&1 \
-    || die "build failed, see $PEER/build.log"
-fi
-if [[ -f "$PEER/COMMIT" ]]; then
-  PEER_COMMIT="$(cat "$PEER/COMMIT")"
-else
-  PEER_COMMIT="unknown (a source copy without git; write the commit to $PEER/COMMIT)"
-fi
-say "llama.cpp commit: $PEER_COMMIT"
+for t in "${PEER_TOOLS[@]}"; do
+  [[ -x "$LB/$t" ]] || die "no executable $LB/$t: build llama.cpp's tools by its own instructions and give their folder"
+done
+# llama-server and llama-batched-bench print "version: N (COMMIT)" for --version; the other
+# two have no --version, so they must at least answer --help.
+PEER_VERSION="$("$LB/llama-server" --version 2>&1)" || die "$LB/llama-server --version failed: $PEER_VERSION"
+"$LB/llama-batched-bench" --version >/dev/null 2>&1 || die "$LB/llama-batched-bench --version failed"
+"$LB/llama-bench" --help >/dev/null 2>&1 || die "$LB/llama-bench --help failed"
+"$LB/llama-convert-llama2c-to-ggml" --help >/dev/null 2>&1 || die "$LB/llama-convert-llama2c-to-ggml --help failed"
+PEER_COMMIT="$(echo "$PEER_VERSION" | sed -n 's/^version: [0-9]* (\([0-9a-f]*\)).*/\1/p' | head -1)"
+[[ -n "$PEER_COMMIT" ]] || PEER_COMMIT="unknown (llama-server --version: $(echo "$PEER_VERSION" | head -1))"
+case "$LLAMA_CPP_COMMIT" in
+  "$PEER_COMMIT"*) ;;
+  *) say "note: these binaries report llama.cpp $PEER_COMMIT, not $LLAMA_CPP_COMMIT (the figures' commit)" ;;
+esac
+say "llama.cpp: $LB, commit $PEER_COMMIT"
 
 # ---- 2. echokv binaries, weights ----------------------------------------------------------
 ECHOKV_TOOLS=(echokv-bench-model echokv-export-llama2c echokv-bench-server echokv-server)
@@ -143,7 +137,7 @@ model_dir() { [[ "$1" == stories260K ]] && echo "$DATA/models/stories260K" || ec
 if [[ ",$MODELS," == *,random40m,* && ! -f "$M/random40m/model.safetensors" ]]; then
   say "writing the random 40M llama (seed 7) to $M/random40m"
   "$EB/echokv-bench-model" --random40m "$M/random40m" --contexts 1 --decode 1 --threads 1 \
-    --llama2c-runomp= --llama2c-run= --llama2c-runfast= >/dev/null
+    >/dev/null
 fi
 # echokv-server wants a tokenizer beside the weights (the bench itself sends ids only).
 if [[ -d "$M/random40m" && ! -f "$M/random40m/tokenizer.model" ]]; then
@@ -178,9 +172,9 @@ echokv_rows() { awk '$1 ~ /^[0-9]+$/ && NF >= 3 { print $1, $2, $3 }'; }
   echo "# echokv vs llama.cpp — $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo
   echo "- machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(uname -r)"
-  echo "- llama.cpp $PEER_COMMIT (CPU, GGML_NATIVE=ON, no BLAS), echokv $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "- llama.cpp $PEER_COMMIT ($LB, built by the user), echokv $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
   echo "- OPENBLAS_CORETYPE in the caller's environment: ${OPENBLAS_CORETYPE:-(unset)}; load at start: $(cat /proc/loadavg)"
-  echo "- command: $0 --repeats $REPEATS --threads $THREADS --coretypes $CORETYPES --models $MODELS --clients $CLIENTS --server-rounds $SERVER_ROUNDS"
+  echo "- command: $0 --llama-bin $LB --repeats $REPEATS --threads $THREADS --coretypes $CORETYPES --models $MODELS --clients $CLIENTS --server-rounds $SERVER_ROUNDS"
 } >"$OUT/header.md"
 
 # ---- 3. single-stream speed, paired per repeat ---------------------------------------------
@@ -199,7 +193,7 @@ if [[ $RUN_MODEL == 1 ]]; then
         for r in $(seq 1 "$REPEATS"); do
           say "$model OPENBLAS_CORETYPE=$core threads=$t repeat $r/$REPEATS (load $(load1))"
           if [[ "$core" == unset ]]; then CORE_ENV=(env -u OPENBLAS_CORETYPE); else CORE_ENV=(env OPENBLAS_CORETYPE="$core"); fi
-          EK=(--model "$dir" --threads "$t" --llama2c-runomp= --llama2c-run= --llama2c-runfast=)
+          EK=(--model "$dir" --threads "$t")
           # pp512 / tg128
           l="$(load1)"
           e_pp="$(locked "${CORE_ENV[@]}" "$EB/echokv-bench-model" "${EK[@]}" --contexts 512 --decode 0 2>/dev/null \

@@ -1,4 +1,4 @@
-// echokv-bench-memory: what session memory (SESSION_MEMORY.md §6) costs, measured through
+// echokv-bench-memory: what session memory (docs/SESSION_MEMORY.md §6) costs, measured through
 // the server's engine (Engine::CreateWithModel over the random ~40M llama), so every
 // figure is the code path a request takes:
 //

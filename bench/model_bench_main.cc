@@ -1,18 +1,23 @@
-// Prefill and decode speed of echokv's transformer, side by side with llama2.c's run.c
-// forward pass (bench/llama2c_ref.cc) built per llama2.c's Makefile recipes `runomp`
-// (the headline: -Ofast -fopenmp -march=native, same thread count as echokv), `run`
-// (-O3) and `runfast` (-Ofast), on the same weights and context. The baselines are
-// found next to this binary unless given.
+// Prefill and decode speed of echokv's transformer, optionally side by side with
+// llama2.c's `run` on the same weights (--llama2c-bin): binaries you built yourself from
+// karpathy/llama2.c at commit 350e04fe with its own Makefile (`make run`, `make runfast`
+// or `make runomp`; each runs with OMP_NUM_THREADS = --threads, which only the OpenMP
+// build reads). The peer decodes the same positions (bench/llama2c_peer.h
+// says how it is driven and timed); before timing, each peer's greedy continuation of a
+// short prompt is compared with echokv's, so a peer that computes another model shows.
 //
-//   echokv-bench-model --model /work/shared/models/stories260K --contexts 512,2048 --decode 256
+//   echokv-bench-model --model /work/shared/models/stories260K --contexts 128,448 --decode 256
+//       --llama2c-bin runfast=$HOME/llama2.c-runfast/run,runomp=$HOME/llama2.c-runomp/run
 //   echokv-bench-model --random40m /tmp/echokv-m40 --contexts 512,2048 --decode 64
 #include <ATen/Parallel.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -23,8 +28,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "bench/llama2c_peer.h"
 #include "bench/roofline.h"
 #include "common/env.h"
 #include "common/flag_names.h"
@@ -44,45 +51,16 @@ ABSL_FLAG(std::string, batches, "",
 ABSL_FLAG(bool, roofline, false,
           "with --batches: measure the GEMM peak and the read bandwidth first (bench/roofline.h) and print each "
           "step's bytes read and the GFLOP/s no step can exceed");
-ABSL_FLAG(std::string, llama2c_runomp, "auto",
-          "echokv-bench-llama2c-runomp (llama2.c `make runomp`: -Ofast -fopenmp -march=native), the headline "
-          "baseline; auto = next to this binary, empty = skip");
-ABSL_FLAG(std::string, llama2c_run, "auto", "echokv-bench-llama2c-run (llama2.c `make run`: -O3, one thread)");
-ABSL_FLAG(std::string, llama2c_runfast, "auto",
-          "echokv-bench-llama2c-runfast (llama2.c `make runfast`: -Ofast, one thread)");
+ABSL_FLAG(std::string, llama2c_bin, "",
+          "peers: llama2.c `run` binaries you built from karpathy/llama2.c (commit 350e04fe) with its own Makefile "
+          "(make run / runfast / runomp), comma-separated [LABEL=]PATH (label: the file name); empty = none");
+ABSL_FLAG(std::string, llama2c_dir, "",
+          "where the peers' input files (model.bin, tok.bin) are written; empty = a fresh directory under $TMPDIR");
 
 namespace {
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-// Runs the C reference and returns its decode tokens/s (0 on failure).
-double RunLlama2c(const std::string& bin, const std::string& dir, int context, int decode, int threads) {
-  std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " " + bin + " --model '" + dir + "' --context " + std::to_string(context) + " --decode " +
-                    std::to_string(decode) + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return 0;
-  char line[4096];
-  double decode_tps = 0;
-  while (fgets(line, sizeof(line), p) != nullptr) {
-    std::string s(line);
-    auto at = s.find("decode ");
-    if (s.rfind("llama2c-style", 0) == 0 && at != std::string::npos) decode_tps = std::atof(s.c_str() + at + 7);
-  }
-  pclose(p);
-  return decode_tps;
-}
-
-// A baseline flag's binary: "auto" is the one next to this binary (if it exists).
-std::string BaselinePath(const std::string& flag, const std::string& recipe) {
-  if (flag != "auto") return flag;
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return "";
-  std::string path(buf, static_cast<size_t>(n));
-  path = path.substr(0, path.rfind('/')) + "/echokv-bench-llama2c-" + recipe;
-  return access(path.c_str(), X_OK) == 0 ? path : "";
 }
 
 // The 1-minute load average: these figures are only as good as the machine was idle.
@@ -167,6 +145,77 @@ int BatchedDecode(const echokv::model::Transformer& model, const std::string& ba
   return 0;
 }
 
+// Writes the peers' input files and checks each peer before any timing: it must run,
+// and its greedy continuation of a short prompt is compared with echokv's (the same
+// weights should give the same ids; run.c hard-codes rms_norm_eps 1e-5 and rope_theta
+// 10000, and -Ofast reorders its sums, so a difference is reported, not fatal).
+absl::Status PreparePeers(const echokv::model::Transformer& model, const std::string& model_dir,
+                          const std::vector<int>& contexts, int decode, int threads,
+                          const std::vector<echokv::bench::Llama2cBinary>& peers,
+                          echokv::bench::Llama2cInputs* inputs, std::string* made_dir) {
+  constexpr int kPromptAs = 14, kCheckTokens = 32;  // a 16-token prompt, 32 greedy ids
+  int64_t seq_len = kPromptAs + 2 + kCheckTokens;
+  for (int c : contexts) seq_len = std::max<int64_t>(seq_len, c + decode);
+  std::string work = absl::GetFlag(FLAGS_llama2c_dir);
+  if (work.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/echokv-llama2c-XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) return absl::InternalError("cannot create a directory for the peers");
+    work = pattern;
+    *made_dir = work;  // removed at exit (the 40M model's checkpoint is 160 MB)
+  }
+  absl::StatusOr<echokv::bench::Llama2cInputs> in = echokv::bench::WriteLlama2cInputs(model_dir, work, seq_len);
+  if (!in.ok()) return in.status();
+  *inputs = *in;
+  const auto& cfg = model.config();
+  std::printf("peers: llama2.c `run` on %s (context %lld), your builds of karpathy/llama2.c:", work.c_str(),
+              static_cast<long long>(seq_len));
+  for (const auto& p : peers) std::printf(" %s=%s", p.label.c_str(), p.path.c_str());
+  std::printf("\n");
+  if (cfg.rms_norm_eps != 1e-5 || cfg.rope_theta != 10000.0) {
+    std::printf("note: this model has rms_norm_eps %g and rope_theta %g; run.c uses 1e-5 and 10000\n",
+                static_cast<double>(cfg.rms_norm_eps), static_cast<double>(cfg.rope_theta));
+  }
+  // echokv's greedy continuation of the prompt the peers get.
+  const std::vector<int> prompt = echokv::bench::Llama2cPromptIds(kPromptAs);
+  std::vector<int> ours;
+  {
+    echokv::model::KvCache cache = model.NewCache();
+    auto pre = model.Forward(prompt, &cache, echokv::model::ForwardOptions());
+    if (!pre.ok()) return pre.status();
+    at::Tensor logits = pre->logits;
+    for (int i = 0; i < kCheckTokens; ++i) {
+      ours.push_back(echokv::model::Argmax(absl::MakeConstSpan(logits.data_ptr<float>(), logits.numel())));
+      if (i + 1 == kCheckTokens) break;
+      auto step = model.Decode(ours.back(), &cache);
+      if (!step.ok()) return step.status();
+      logits = step->logits;
+    }
+  }
+  for (const auto& p : peers) {
+    absl::StatusOr<std::vector<int>> theirs =
+        echokv::bench::Llama2cGreedy(*inputs, p, threads, kPromptAs, kCheckTokens);
+    if (!theirs.ok()) {
+      return absl::Status(theirs.status().code(),
+                          absl::StrCat("--llama2c-bin ", p.label, ": ", theirs.status().message()));
+    }
+    size_t same = 0;
+    while (same < theirs->size() && same < ours.size() && (*theirs)[same] == ours[same]) ++same;
+    // run.c stops where it samples BOS (1) and never prints it.
+    const bool stopped_at_bos = same == theirs->size() && same < ours.size() && ours[same] == 1;
+    if (same == ours.size() || stopped_at_bos) {
+      std::printf("%s: greedy continuation of a %zu-token prompt: the same %zu ids as echokv\n", p.label.c_str(),
+                  prompt.size(), same);
+    } else {
+      std::printf("%s: WARNING: greedy continuation of a %zu-token prompt differs from echokv's at id %zu "
+                  "(echokv %d, %s %d): it may not compute the same model\n",
+                  p.label.c_str(), prompt.size(), same, ours[same], p.label.c_str(),
+                  same < theirs->size() ? (*theirs)[same] : -1);
+    }
+  }
+  return absl::OkStatus();
+}
+
 int main(int argc, char** argv) {
   echokv::ConfigureBlasWorkersOrReexec(argv);
   echokv::DashedFlagArgs dashed(argc, argv);
@@ -186,29 +235,44 @@ int main(int argc, char** argv) {
   const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : echokv::DefaultThreadCount();
   std::printf("model %s: %d layers, hidden %d, %d/%d heads, vocab %d; %d threads\n",
               dir.c_str(), cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size, threads);
-  struct Baseline {
-    const char* label;
-    std::string bin;
-  };
-  const Baseline baselines[] = {
-      {"runomp", BaselinePath(absl::GetFlag(FLAGS_llama2c_runomp), "runomp")},
-      {"run", BaselinePath(absl::GetFlag(FLAGS_llama2c_run), "run")},
-      {"runfast", BaselinePath(absl::GetFlag(FLAGS_llama2c_runfast), "runfast")},
-  };
-  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-  std::printf("baselines: llama2.c run.c built as `make runomp` (-Ofast -fopenmp -march=native, OMP_NUM_THREADS=%d: "
-              "the headline), `make run` (-O3) and `make runfast` (-Ofast), the last two single-threaded as in "
-              "llama2.c; ratio = echokv decode tok/s / baseline decode tok/s. OPENBLAS_CORETYPE=%s\n",
-              threads, coretype != nullptr ? coretype : "(unset)");
-  std::printf("%-8s %14s %14s %14s %8s %14s %8s %14s %8s %6s\n", "context", "prefill tok/s", "decode tok/s",
-              "runomp tok/s", "ratio", "run tok/s", "ratio", "runfast tok/s", "ratio", "load1");
+  std::vector<int> contexts;
   for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_contexts), ',')) {
     int context = 0;
     if (!absl::SimpleAtoi(c, &context) || context < 1) {
       std::fprintf(stderr, "error: bad --contexts entry '%s'\n", std::string(c).c_str());
       return 2;
     }
-    const int decode = absl::GetFlag(FLAGS_decode);
+    contexts.push_back(context);
+  }
+  const int decode = absl::GetFlag(FLAGS_decode);
+  absl::StatusOr<std::vector<echokv::bench::Llama2cBinary>> peers =
+      echokv::bench::ParseLlama2cBinaries(absl::GetFlag(FLAGS_llama2c_bin), "--llama2c-bin");
+  if (!peers.ok()) return echokv::bench::ReportBenchError(peers.status());
+  echokv::bench::Llama2cInputs peer_inputs;
+  struct RemoveDir {
+    std::string path;
+    ~RemoveDir() {
+      std::error_code ec;
+      if (!path.empty()) std::filesystem::remove_all(path, ec);
+    }
+  } made_dir;
+  if (!peers->empty()) {
+    absl::Status s = PreparePeers(**model, dir, contexts, decode, threads, *peers, &peer_inputs, &made_dir.path);
+    if (!s.ok()) return echokv::bench::ReportBenchError(s);
+  }
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  std::printf("prefill: one batched Forward (chunk %d); decode: %d greedy tokens after it, one Decode each%s. "
+              "OPENBLAS_CORETYPE=%s\n",
+              absl::GetFlag(FLAGS_chunk), decode,
+              peers->empty() ? "" : "; a peer's tok/s: the same positions, one forward pass each (OMP_NUM_THREADS = "
+                                    "--threads); ratio = echokv decode tok/s / peer tok/s",
+              coretype != nullptr ? coretype : "(unset)");
+  std::printf("%-8s %14s %14s", "context", "prefill tok/s", "decode tok/s");
+  for (const echokv::bench::Llama2cBinary& p : *peers) {
+    std::printf(" %14s %8s", (p.label + " tok/s").c_str(), "ratio");
+  }
+  std::printf(" %6s\n", "load1");
+  for (const int context : contexts) {
     std::vector<int> ids = echokv::bench::BenchContext(context, cfg.vocab_size);
     echokv::model::KvCache cache = (*model)->NewCache();
     echokv::model::ForwardOptions fo;
@@ -234,12 +298,15 @@ int main(int argc, char** argv) {
     const double prefill_tps = context / Seconds(t0, t1);
     const double decode_tps = decode / Seconds(t1, t2);
     std::printf("%-8d %14.1f %14.1f", context, prefill_tps, decode_tps);
-    for (const Baseline& b : baselines) {
-      const double ref = b.bin.empty() ? 0 : RunLlama2c(b.bin, dir, context, decode, threads);
-      if (ref > 0) {
-        std::printf(" %14.1f %7.2fx", ref, decode_tps / ref);
+    for (const echokv::bench::Llama2cBinary& p : *peers) {
+      absl::StatusOr<echokv::bench::Llama2cTiming> t =
+          echokv::bench::TimeLlama2c(peer_inputs, p, threads, context, decode);
+      if (t.ok()) {
+        std::printf(" %14.1f %7.2fx", t->decode_tokens_per_second, decode_tps / t->decode_tokens_per_second);
       } else {
         std::printf(" %14s %8s", "-", "-");
+        std::fprintf(stderr, "%s at context %d: %s\n", p.label.c_str(), context,
+                     std::string(t.status().message()).c_str());
       }
     }
     std::printf(" %6s\n", LoadAverage().c_str());

@@ -3,7 +3,8 @@
 // Decode streams every weight once per token: 160 MB for a 40M-parameter float32 model,
 // 40,000 4-KiB pages, each a TLB miss (a two-dimensional page walk under a hypervisor).
 // On 2-MiB pages the same stream touches 80. Measured on the 2-core bench machine
-// (docs/BENCHMARKS.md "Decode of the 40M model: weights on huge pages"): 40M decode at
+// (docs/benchmarks/JOURNAL.md "Register-tiled decode products, prefetch, weights on huge
+// pages"): 40M decode at
 // 512 positions, 2 threads, +12-15 %. The kernel's THP mode here is usually "madvise",
 // so a plain malloc never gets huge pages; this asks for them explicitly.
 //

@@ -1,4 +1,4 @@
-// The non-lookahead policies of ALGORITHM.md §4 / §8.3-§8.6: FullKV, StreamingLLM,
+// The non-lookahead policies of docs/ALGORITHM.md §4 / §8.3-§8.6: FullKV, StreamingLLM,
 // H2O, SnapKV, PyramidKV. Each selects per layer and per KV group.
 #include <ATen/ATen.h>
 
@@ -24,7 +24,7 @@ absl::Status RunFull(const CompressionConfig& config, const CompressionInput& in
 
 absl::Status RunStreamingLlm(const CompressionConfig& config, const CompressionInput& input,
                              CompressionResult* result) {
-  // ALGORITHM.md §8.6: the first 4 entries (attention sinks) plus the last B-4; with
+  // docs/ALGORITHM.md §8.6: the first 4 entries (attention sinks) plus the last B-4; with
   // B < 4 only the first B sinks.
   PhaseClock clock(input, &result->report);
   const model::KvCache& ctx = *input.context;
@@ -46,7 +46,7 @@ absl::Status RunStreamingLlm(const CompressionConfig& config, const CompressionI
 
 absl::Status RunH2o(const CompressionConfig& config, const CompressionInput& input,
                     CompressionResult* result) {
-  // ALGORITHM.md §8.5: recent = floor(B/2) newest entries, heavy = B - recent from the
+  // docs/ALGORITHM.md §8.5: recent = floor(B/2) newest entries, heavy = B - recent from the
   // older entries by the group sum of the causal column sums (diagonal included) of all
   // available context queries (a grown session has only its new tokens' queries).
   PhaseClock clock(input, &result->report);
@@ -92,7 +92,7 @@ absl::Status RunH2o(const CompressionConfig& config, const CompressionInput& inp
 
 absl::Status RunSnapKv(const CompressionConfig& config, const CompressionInput& input,
                        CompressionResult* result) {
-  // ALGORITHM.md §8.3.
+  // docs/ALGORITHM.md §8.3.
   PhaseClock clock(input, &result->report);
   const model::KvCache& ctx = *input.context;
   bool scored = false;
@@ -107,7 +107,7 @@ absl::Status RunSnapKv(const CompressionConfig& config, const CompressionInput& 
 
 absl::Status RunPyramidKv(const CompressionConfig& config, const CompressionInput& input,
                           CompressionResult* result) {
-  // ALGORITHM.md §8.4: SnapKV scoring with per-layer budgets falling linearly.
+  // docs/ALGORITHM.md §8.4: SnapKV scoring with per-layer budgets falling linearly.
   PhaseClock clock(input, &result->report);
   const model::KvCache& ctx = *input.context;
   const std::vector<int64_t> budgets =

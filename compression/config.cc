@@ -8,7 +8,7 @@
 namespace echokv::compression {
 namespace {
 
-// Upper bound of every size-like field (ALGORITHM.md §5's budget bound); keeps any
+// Upper bound of every size-like field (docs/ALGORITHM.md §5's budget bound); keeps any
 // allocation derived from a config value bounded.
 constexpr int kMaxEntries = 1048576;
 constexpr int kEchoKvDefaultWorkspace = 1024;
@@ -70,7 +70,7 @@ absl::StatusOr<Bootstrap> ParseBootstrap(absl::string_view name) {
 }
 
 absl::Status CompressionConfig::Validate() const {
-  // ALGORITHM.md §5: reject, never clamp.
+  // docs/ALGORITHM.md §5: reject, never clamp.
   if (budget < 1 || budget > kMaxEntries) {
     return absl::InvalidArgumentError(
         absl::StrCat("budget must be in [1, ", kMaxEntries, "], got ", budget));

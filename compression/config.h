@@ -1,4 +1,4 @@
-// Which eviction policy to run and with what parameters (ALGORITHM.md §4-§5).
+// Which eviction policy to run and with what parameters (docs/ALGORITHM.md §4-§5).
 // Plain values with the published defaults; Validate() names the bad field.
 //
 //   CompressionConfig cfg;                          // EchoKV, B=512, T=8, B1=1024
@@ -41,7 +41,7 @@ struct CompressionConfig {
   int snapkv_window = 32;             // >= 1 (snapkv, pyramidkv, laq workspace)
   int snapkv_kernel = 7;              // odd >= 1
 
-  // Checks the bounds of ALGORITHM.md §5; the message names the field
+  // Checks the bounds of docs/ALGORITHM.md §5; the message names the field
   // ("lookahead must be even ...", "workspace ...").
   absl::Status Validate() const;
   // B1 after defaults: workspace if set, else 1024 for echokv and budget for laq.

@@ -1,7 +1,7 @@
 // Prefill + compress: the unit of work shared by sessions (server), the generate
 // CLI and the evaluator. A fresh context starts from an empty cache; a growing
 // session passes its compact cache as `base` and the new tokens are prefilled
-// against it, then the policy runs on "retained + new" (ALGORITHM.md §6).
+// against it, then the policy runs on "retained + new" (docs/ALGORITHM.md §6).
 //
 //   ECHOKV_ASSIGN_OR_RETURN(CompressedContext ctx,
 //       PrefillAndCompress(*model, prompt_ids, model->NewCache(), cfg, {}));

@@ -1,5 +1,5 @@
 // Eviction policies as pure functions of tensors plus a decoder interface
-// (ALGORITHM.md §3-§4, §8). No threads, no I/O, no randomness.
+// (docs/ALGORITHM.md §3-§4, §8). No threads, no I/O, no randomness.
 //
 //   CompressionInput in;
 //   in.context = &cache;                      // L entries per group per layer
@@ -49,7 +49,7 @@ struct CompressionInput {
   at::Tensor rope_inv_freq;                    // [d/2] float32
   // H2O only, optional: per layer [G, n] float32 (n = context->size(l)), each entry's
   // accumulated causal attention from every context query so far, summed over the
-  // group's heads (ALGORITHM.md §8.5). When set, H2O ranks by it instead of computing
+  // group's heads (docs/ALGORITHM.md §8.5). When set, H2O ranks by it instead of computing
   // it from last_queries (the engine accumulates it chunk by chunk and across turns).
   std::vector<at::Tensor> h2o_scores;
   // Record the scores the final top-k ranked (CompressionResult::final_scores), so a test

@@ -29,7 +29,7 @@ at::Tensor TopKPrefixPlusTail(const at::Tensor& group_scores, int64_t prefix, in
 
 at::Tensor PooledPrefixGroupScores(const at::Tensor& head_scores, int64_t prefix,
                                    int64_t kernel, int64_t groups) {
-  // ALGORITHM.md §8.2: restrict to the candidate prefix, pool per head, then sum the
+  // docs/ALGORITHM.md §8.2: restrict to the candidate prefix, pool per head, then sum the
   // r heads of each group.
   at::Tensor pooled = kernels::MaxPool1d(head_scores.narrow(1, 0, prefix).contiguous(), kernel);
   return kernels::SumHeadsPerGroup(pooled, groups);

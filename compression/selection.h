@@ -1,7 +1,7 @@
 // Internal building blocks shared by the policies of compression/ (not a public API):
 // index sets of a layer ([G, n] int64 CPU, ascending per group), SnapKV-style pooled
 // selection, PyramidKV budgets, greedy argmax, overlap, and the per-policy entry points
-// that Compress() dispatches to. ALGORITHM.md §3-§4, §8.
+// that Compress() dispatches to. docs/ALGORITHM.md §3-§4, §8.
 //
 //   at::Tensor keep = internal::KeepAll(/*groups=*/4, /*n=*/100);      // [4, 100]
 //   std::vector<int64_t> b = internal::PyramidKvBudgets(64, 32, 5);    // 95 80 64 48 33
@@ -37,7 +37,7 @@ at::Tensor Range(int64_t groups, int64_t begin, int64_t n);
 at::Tensor TopKPrefixPlusTail(const at::Tensor& group_scores, int64_t prefix, int64_t k,
                               int64_t n);
 
-// Pooling of ALGORITHM.md §8.2: head_scores [H, n] float -> first `prefix` columns ->
+// Pooling of docs/ALGORITHM.md §8.2: head_scores [H, n] float -> first `prefix` columns ->
 // max-pool(kernel) per head -> sum of the r heads of each group: [G, prefix] float32.
 at::Tensor PooledPrefixGroupScores(const at::Tensor& head_scores, int64_t prefix,
                                    int64_t kernel, int64_t groups);
@@ -79,7 +79,7 @@ absl::StatusOr<std::vector<at::Tensor>> SnapKvSelectLayers(const CompressionConf
                                                            bool* scored,
                                                            std::vector<at::Tensor>* scores_out = nullptr);
 
-// PyramidKV per-layer budgets (window included) of ALGORITHM.md §8.4: with
+// PyramidKV per-layer budgets (window included) of docs/ALGORITHM.md §8.4: with
 // w = min(window, budget), C = budget - w, B_min = floor(C/20), B_max = 2C - B_min,
 // layer l gets round-half-to-even(B_max - (B_max - B_min)·l/(layers-1)) + w, computed
 // with exact integer arithmetic. One layer: C + w. The mean over layers is budget.

@@ -1,5 +1,5 @@
 // CompressionTask: every policy as a resumable state machine. The non-lookahead
-// policies (and L <= B) are one "select" phase; LAQ (ALGORITHM.md §4, §8.7) and
+// policies (and L <= B) are one "select" phase; LAQ (docs/ALGORITHM.md §4, §8.7) and
 // EchoKV (§3, §8.8-§8.9) alternate scoring phases with one-token decode steps on a
 // workspace view that the caller runs (the engine batches them with its streams).
 #include "compression/task.h"
@@ -144,7 +144,7 @@ class CompressionTask::Impl {
     int64_t max_n = 0;
     for (int l = 0; l < layers_; ++l) max_n = std::max(max_n, ctx.size(l));
     report.context_tokens = max_n;
-    // ALGORITHM.md §8.10: L <= B keeps everything and runs no lookahead.
+    // docs/ALGORITHM.md §8.10: L <= B keeps everything and runs no lookahead.
     if (max_n <= config_.budget && config_.policy != PolicyKind::kFull) {
       phase_ = Phase::kKeepAll;
     } else if (config_.policy == PolicyKind::kLaq) {
@@ -296,7 +296,7 @@ class CompressionTask::Impl {
     steps_done_ = 0;
     steps_total_ = steps;
     after_decode_ = next;
-    phase_ = Phase::kDecode;  // steps >= 1: T is even and >= 2 (ALGORITHM.md §5)
+    phase_ = Phase::kDecode;  // steps >= 1: T is even and >= 2 (docs/ALGORITHM.md §5)
     view_sizes_before_ = ViewSizes();
   }
 

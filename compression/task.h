@@ -1,6 +1,6 @@
 // A compression run as a resumable state machine, so a serving engine can advance it
 // one bounded phase at a time and run the lookahead policies' one-token decode steps
-// inside its own batched decode step (ALGORITHM.md §3-§4; docs/ARCHITECTURE.md
+// inside its own batched decode step (docs/ALGORITHM.md §3-§4; docs/ARCHITECTURE.md
 // "Engine"). Compress() (policy.h) is this task driven to completion with a
 // LookaheadDecoder, so both paths compute exactly the same selection.
 //

@@ -1,6 +1,6 @@
 // Adapts model::Transformer to the LookaheadDecoder interface of the lookahead
 // policies (LAQ, EchoKV): one DecodeStep = one Transformer::Decode with the queries
-// returned. Counts the steps it ran (ALGORITHM.md §3's "exactly T forward passes").
+// returned. Counts the steps it ran (docs/ALGORITHM.md §3's "exactly T forward passes").
 //
 //   TransformerDecoder decoder(model.get());
 //   CompressionInput in; in.decoder = &decoder; ...

@@ -30,7 +30,7 @@ at::Tensor ApplyRope(const at::Tensor& x, absl::Span<const int64_t> positions,
                      const at::Tensor& inv_freq);
 
 // anchors: [H, d] pre-RoPE vectors; returns [H, T, d] with row t rotated to positions[t]
-// (EchoKV's future-position proposals, ALGORITHM.md §3 step 2).
+// (EchoKV's future-position proposals, docs/ALGORITHM.md §3 step 2).
 at::Tensor RotateToPositions(const at::Tensor& anchors, absl::Span<const int64_t> positions,
                              const at::Tensor& inv_freq);
 

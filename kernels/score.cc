@@ -176,7 +176,7 @@ at::Tensor AttentionScores(const at::Tensor& queries, const at::Tensor& keys,
   at::Tensor out3 = out.view({g, r, num_keys});
 
   const double scale = options.scale != 0.0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(d));
-  // [G, r, nq, d]: heads of a group are consecutive (HF repeat_kv order, ALGORITHM.md §1).
+  // [G, r, nq, d]: heads of a group are consecutive (HF repeat_kv order, docs/ALGORITHM.md §1).
   at::Tensor q = (queries.to(at::kFloat) * scale).view({g, r, nq, d});
 
   const bool causal = options.query_positions.defined();

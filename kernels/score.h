@@ -1,4 +1,4 @@
-// Scoring primitives of the eviction policies (ALGORITHM.md §2, §4, §8): the Eq. 3
+// Scoring primitives of the eviction policies (docs/ALGORITHM.md §2, §4, §8): the Eq. 3
 // attention-pooling score, H2O's causal column sums, 1-D max-pooling, per-group
 // summing of head scores, and top-k with ties to the lower index. CPU reference
 // implementations on ATen; every function is device-generic (CUDA tensors work).
@@ -23,7 +23,7 @@ struct ScoreOptions {
   // Queries per block (scores are additive over queries): peak memory is
   // O(query_chunk * chunk) per head whatever nq and L are.
   int64_t query_chunk = 256;
-  // Optional causal rule (ALGORITHM.md §8.1). query_positions: [nq] int64;
+  // Optional causal rule (docs/ALGORITHM.md §8.1). query_positions: [nq] int64;
   // key_positions: [G, L] int64. A query at position p sees key j of group g iff
   // key_positions[g, j] <= p. Both undefined: every query sees every key.
   at::Tensor query_positions;
@@ -39,7 +39,7 @@ struct ScoreOptions {
 at::Tensor AttentionScores(const at::Tensor& queries, const at::Tensor& keys,
                            const ScoreOptions& options);
 
-// H2O's accumulated attention (ALGORITHM.md §8.5): the column sums of the causal
+// H2O's accumulated attention (docs/ALGORITHM.md §8.5): the column sums of the causal
 // softmax of the given context queries, diagonal included, computed block by block.
 // queries [H, nq, d] post-RoPE at query_positions [nq]; keys [G, L, d] at
 // key_positions [G, L]. Equal to AttentionScores with the causal rule; [H, L] float32.

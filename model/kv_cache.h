@@ -86,7 +86,7 @@ class KvCache {
   absl::Status TruncateTo(int64_t n, int64_t next_position);
 
   // Bytes of keys and values actually held: 2 * sum_l(G * n_l * d) * sizeof(dtype)
-  // (ALGORITHM.md §7; capacity slack is not counted).
+  // (docs/ALGORITHM.md §7; capacity slack is not counted).
   int64_t KvBytes() const;
   // Bytes of the position bookkeeping (8 per entry per group).
   int64_t PositionBytes() const { return cells_.TotalEntries() * 8; }

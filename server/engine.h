@@ -1,5 +1,5 @@
 // The engine of echokv-server (docs/ARCHITECTURE.md "Engine"): ONE thread owns the
-// model and every session's tensors (DESIGN.md rule 7) and runs a loop of Step()s:
+// model and every session's tensors (docs/DESIGN.md rule 7) and runs a loop of Step()s:
 //
 //   inbox (admissions, quick tasks) -> Scheduler::Schedule -> run the plan (one batched
 //   decode for every ready stream + lookahead rows, prefill slices within a token
@@ -81,7 +81,7 @@ struct EngineConfig {
   absl::Duration stuck_after = absl::Seconds(30);
   // Chat template override: a Jinja file or "builtin:NAME" ("" = the model's own).
   std::string chat_template;
-  // Durable sessions (SESSION_MEMORY.md §4): "" = in memory only.
+  // Durable sessions (docs/SESSION_MEMORY.md §4): "" = in memory only.
   std::string state_dir;
   bool fsync_always = true;                 // --fsync always|none
   int save_full_every = 32;                 // tiered: a superseding segment every N turns

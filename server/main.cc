@@ -97,7 +97,7 @@ ABSL_FLAG(std::string, default_memory, "",
           "Session memory mode when a request sets none: tiered or evict; default tiered with --state_dir, "
           "else evict");
 ABSL_FLAG(std::string, state_dir, "",
-          "Keep sessions on disk here (survive restarts; SESSION_MEMORY.md §4); empty = memory only");
+          "Keep sessions on disk here (survive restarts; docs/SESSION_MEMORY.md §4); empty = memory only");
 ABSL_FLAG(std::string, fsync, "always",
           "always: a mutation is acknowledged only once its bytes are durable; none: never fsync");
 ABSL_FLAG(std::string, chat_template, "",

@@ -1,4 +1,4 @@
-// Prometheus metrics of echokv-server (DESIGN.md rule 10): the engine reports plain
+// Prometheus metrics of echokv-server (docs/DESIGN.md rule 10): the engine reports plain
 // stats (server/stats.h) and the service reports request outcomes; this class turns
 // them into prometheus-cpp families served at GET /metrics (cpp-httplib on its own
 // port: a growing pool of workers and timeouts, server/http_util.h). Every name

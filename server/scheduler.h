@@ -1,4 +1,4 @@
-// The engine's scheduler (ENGINE.md): each step, decide what runs. Torch-free and
+// The engine's scheduler (docs/ENGINE.md): each step, decide what runs. Torch-free and
 // stateless apart from a fairness cursor, so it is tested with fake work.
 //
 // A step runs, in this order: one decode row for every ready stream (a stream whose

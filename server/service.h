@@ -1,4 +1,4 @@
-// The gRPC face of echokv-server: echokv.v1.EchoKV on the callback API (DESIGN.md
+// The gRPC face of echokv-server: echokv.v1.EchoKV on the callback API (docs/DESIGN.md
 // rule 8). Each call converts its proto to native structs, hands the work to the
 // Engine and returns; the engine's callbacks queue messages on the call's reactor.
 // One ServerWriteReactor per stream, at most one write in flight, nothing blocks in a

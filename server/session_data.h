@@ -1,6 +1,6 @@
 // The tensors of one session (engine thread only; SessionStore holds them as an
 // opaque handle). The hot tier is what decode attends to; in tiered mode the cold
-// tier is the exact KV of every token the session has held (SESSION_MEMORY.md §2)
+// tier is the exact KV of every token the session has held (docs/SESSION_MEMORY.md §2)
 // plus what re-selection needs besides K and V (§3).
 //
 //   auto data = std::make_shared<SessionData>();

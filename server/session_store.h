@@ -1,4 +1,4 @@
-// Session bookkeeping without tensors (ENGINE.md "Session store"): ids, the owner
+// Session bookkeeping without tensors (docs/ENGINE.md "Session store"): ids, the owner
 // tenant, memory mode, TTL, the busy flag of a mutation, hot/cold byte accounting and
 // the limits that count sessions and bytes. The tensors of a session live in an
 // opaque SessionData (session_data.h) that the store only holds. Thread-safe: the
@@ -35,8 +35,8 @@ namespace echokv::server {
 
 struct SessionData;  // the session's tensors (session_data.h); opaque here
 
-// SESSION_MEMORY.md: "tiered" keeps the exact cold history behind the compact cache;
-// "evict" re-compresses retained + new (ALGORITHM.md §6).
+// docs/SESSION_MEMORY.md: "tiered" keeps the exact cold history behind the compact cache;
+// "evict" re-compresses retained + new (docs/ALGORITHM.md §6).
 enum class MemoryMode { kTiered, kEvict };
 absl::string_view MemoryModeName(MemoryMode mode);          // "tiered", "evict"
 absl::StatusOr<MemoryMode> ParseMemoryMode(absl::string_view name);

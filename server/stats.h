@@ -1,4 +1,4 @@
-// Plain stats the engine reports (DESIGN.md rule 10): no Prometheus here. The server's
+// Plain stats the engine reports (docs/DESIGN.md rule 10): no Prometheus here. The server's
 // Metrics class implements EngineObserver and turns these into prometheus-cpp families.
 // Nothing here carries a session id.
 //

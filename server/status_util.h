@@ -1,4 +1,4 @@
-// The one place where absl::Status becomes grpc::Status (DESIGN.md rule 3): codes map
+// The one place where absl::Status becomes grpc::Status (docs/DESIGN.md rule 3): codes map
 // one to one (both follow google.rpc.Code) and the message is kept.
 //
 //   absl::Status s = absl::NotFoundError("session ... not found");

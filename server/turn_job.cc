@@ -28,7 +28,7 @@ absl::Status Guard(const char* what, Fn fn) {
 }
 
 // The window every tiered session keeps: SnapKV/PyramidKV's observation window and
-// LAQ's last 8 (SESSION_MEMORY.md §3).
+// LAQ's last 8 (docs/SESSION_MEMORY.md §3).
 int64_t TieredWindow(const compression::CompressionConfig& c) { return std::max(c.snapkv_window, 8); }
 
 }  // namespace
@@ -110,7 +110,7 @@ JobView::Next TurnJob::next() const {
 }
 
 void TurnJob::AccumulateH2o(const std::vector<at::Tensor>& queries, const std::vector<int64_t>& positions) {
-  // ALGORITHM.md §8.5 / SESSION_MEMORY.md §3: each entry's causal column sum, summed
+  // docs/ALGORITHM.md §8.5 / docs/SESSION_MEMORY.md §3: each entry's causal column sum, summed
   // over the group's heads; a chunk's queries see exactly the keys the cache holds now.
   const at::Tensor qpos = at::tensor(positions, at::kLong);
   const int64_t groups = cache_->num_kv_heads();

@@ -1,12 +1,12 @@
 // One prefill + compression job of the engine (CreateSession, AppendToSession, the
 // commit of a Generate, the stateless Compress) as a state machine the engine advances
-// one bounded piece per step (ENGINE.md "Jobs are state machines"):
+// one bounded piece per step (docs/ENGINE.md "Jobs are state machines"):
 //
 //   Prefill (chunks) -> policy phases and lookahead decode rows (CompressionTask) ->
 //   Finalize (the new hot tier; the engine then swaps it in)
 //
-// Memory modes (SESSION_MEMORY.md): `evict` prefills the new tokens against a copy of
-// the hot tier and re-compresses "retained + new" (ALGORITHM.md §6); `tiered` prefills
+// Memory modes (docs/SESSION_MEMORY.md): `evict` prefills the new tokens against a copy of
+// the hot tier and re-compresses "retained + new" (docs/ALGORITHM.md §6); `tiered` prefills
 // them against the session's exact cold history, appended in place (rolled back by
 // Abort), and re-selects from the whole history with the window queries and H2O
 // scores the session keeps. A job never changes the committed session: the engine

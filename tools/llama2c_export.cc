@@ -164,7 +164,7 @@ void UnpermuteRotaryRows(absl::Span<const float> hf, int n_heads, int head_dim, 
   }
 }
 
-absl::Status WriteLlama2cCheckpoint(const std::string& model_dir, const std::string& out_path) {
+absl::Status WriteLlama2cCheckpoint(const std::string& model_dir, const std::string& out_path, int64_t seq_len) {
   absl::StatusOr<model::ModelConfig> cfg = model::LoadModelConfig(model_dir);
   if (!cfg.ok()) return cfg.status();
   if (absl::Status s = CheckRepresentable(*cfg); !s.ok()) return s;
@@ -174,6 +174,10 @@ absl::Status WriteLlama2cCheckpoint(const std::string& model_dir, const std::str
   const model::ModelConfig& c = *cfg;
   const int64_t d = c.hidden_size, f = c.intermediate_size, v = c.vocab_size, hd = c.head_dim;
   const int64_t kv = static_cast<int64_t>(c.num_kv_heads) * hd;
+  if (seq_len < 0 || seq_len > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat("seq_len must be in [0, 2^30], got ", seq_len));
+  }
+  const int64_t positions = seq_len > 0 ? seq_len : c.max_position_embeddings;
   // A tied checkpoint may still carry lm_head.weight (ValidateCheckpoint accepts it);
   // llama2.c's export compares the two tensors, so an identical copy counts as shared.
   const float* embed = nullptr;
@@ -196,7 +200,7 @@ absl::Status WriteLlama2cCheckpoint(const std::string& model_dir, const std::str
   out.Int32(c.num_heads);
   out.Int32(c.num_kv_heads);
   out.Int32(static_cast<int32_t>(cls == nullptr ? v : -v));
-  out.Int32(c.max_position_embeddings);
+  out.Int32(static_cast<int32_t>(positions));
   out.Floats(embed, static_cast<size_t>(v * d));
   // One block per kind of tensor, every layer in a row, as run.c maps them.
   auto layer_block = [&](const std::string& suffix, int64_t rows, int64_t cols, int rotary_heads) -> absl::Status {
@@ -241,7 +245,7 @@ absl::Status WriteLlama2cCheckpoint(const std::string& model_dir, const std::str
     inv_freq[i] = 1.0f / std::pow(static_cast<float>(c.rope_theta), e);
   }
   for (int table = 0; table < 2; ++table) {
-    for (int t = 0; t < c.max_position_embeddings; ++t) {
+    for (int64_t t = 0; t < positions; ++t) {
       for (int i = 0; i < half; ++i) {
         const double angle = static_cast<float>(t) * inv_freq[i];
         out.Float(static_cast<float>(table == 0 ? std::cos(angle) : std::sin(angle)));

@@ -1,6 +1,8 @@
 // Hugging Face Llama checkpoint -> llama2.c's legacy `.bin` files (torch-free), so that
 // peers that read llama2.c checkpoints (llama.cpp's llama-convert-llama2c-to-ggml, run.c)
-// can be benchmarked on exactly echokv's weights (bench/llamacpp_compare.sh).
+// can be benchmarked on exactly echokv's weights (bench/llamacpp_compare.sh,
+// echokv-bench-model --llama2c-bin). Our code: it writes the format, it contains none of
+// llama2.c's.
 //
 //   ECHOKV_RETURN_IF_ERROR(WriteLlama2cCheckpoint("/models/stories260K", "/tmp/model.bin"));
 //   ECHOKV_RETURN_IF_ERROR(WriteLlama2cTokenizer("/models/stories260K/tokenizer.model", "/tmp/tok.bin"));
@@ -17,6 +19,7 @@
 #ifndef ECHOKV_TOOLS_LLAMA2C_EXPORT_H_
 #define ECHOKV_TOOLS_LLAMA2C_EXPORT_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/types/span.h"
@@ -29,8 +32,10 @@ namespace echokv::tools {
 // than hidden_size / num_heads, biases, sliding windows, rope scaling, non-F32 tensors),
 // naming the field. The RoPE tables are cos/sin of float32 angles rounded once from
 // double precision (PyTorch's own tables differ from these by at most 1 ulp; run.c
-// and llama.cpp never read them).
-absl::Status WriteLlama2cCheckpoint(const std::string& model_dir, const std::string& out_path);
+// and llama.cpp never read them). `seq_len` > 0 writes that context length (run.c's
+// cap on its steps and the size of its caches) instead of max_position_embeddings.
+absl::Status WriteLlama2cCheckpoint(const std::string& model_dir, const std::string& out_path,
+                                    int64_t seq_len = 0);
 
 // Writes llama2.c's tokenizer `.bin` (tokenizer.py `export`) from a SentencePiece
 // tokenizer.model: uint32 max_token_length, then per id: float32 score, uint32 length,

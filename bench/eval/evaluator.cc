@@ -57,7 +57,7 @@ std::vector<std::vector<int64_t>> Rows(const at::Tensor& idx) {
 }
 
 // Eq. 3 group scores [G, L] of one layer's decode-step queries (positions >= L: every
-// context key visible, ALGORITHM.md §8.1). queries: [H, m, d].
+// context key visible, docs/ALGORITHM.md §8.1). queries: [H, m, d].
 at::Tensor GroupScores(const model::KvCache& ctx, int layer, const at::Tensor& queries) {
   const at::Tensor keys = ctx.keys(layer);
   kernels::ScoreOptions so;

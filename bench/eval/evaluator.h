@@ -169,7 +169,7 @@ PlotFiles MakePlots(const std::vector<SummaryCell>& cells);
 
 namespace internal {
 
-// The Table 1 lookahead on one context for workspace capacity B1 (ALGORITHM.md §3
+// The Table 1 lookahead on one context for workspace capacity B1 (docs/ALGORITHM.md §3
 // steps 2-5 with the kernels EchoKV uses; exposed so tests can compare it with the
 // EchoKV policy's own run): frozen = T greedy steps on W1; refreshed = T/2 steps on
 // W1, then W2 = TopK_B1 of the round-1 queries over the full context, then T/2 steps

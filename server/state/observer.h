@@ -1,4 +1,4 @@
-// Plain stats the state store reports (DESIGN.md rule 10: no Prometheus here). The
+// Plain stats the state store reports (docs/DESIGN.md rule 10: no Prometheus here). The
 // server's Metrics implements StateObserver and turns the calls into
 // echokv_state_write_seconds and echokv_state_errors_total{kind}. No session ids.
 //

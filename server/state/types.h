@@ -48,7 +48,7 @@ absl::StatusOr<DType> DTypeFromName(absl::string_view name);
 // True when `raw` (a byte read from a file) is one of the enumerators.
 bool IsKnownDType(uint8_t raw);
 
-// The session's memory mode (SESSION_MEMORY.md): "tiered" or "evict".
+// The session's memory mode (docs/SESSION_MEMORY.md): "tiered" or "evict".
 enum class MemoryMode { kTiered, kEvict };
 absl::string_view MemoryModeName(MemoryMode mode);  // "tiered" / "evict"
 absl::StatusOr<MemoryMode> MemoryModeFromName(absl::string_view name);

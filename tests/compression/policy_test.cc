@@ -181,7 +181,7 @@ std::vector<int64_t> ExpectedSizes(const CompressionConfig& cfg, const model::Kv
   return out;
 }
 
-// ---- invariants (ALGORITHM.md §3) ---------------------------------------------
+// ---- invariants (docs/ALGORITHM.md §3) ----------------------------------------
 
 
 // ---- float64 oracles (independent of kernels/: hand loops over plain vectors) -------
@@ -477,7 +477,7 @@ TEST(H2o, KeepsHeavyHitterAndRecent) {
   EXPECT_EQ(r.report.scoring_passes, 1);
 }
 
-// ALGORITHM.md §8.5 with odd budgets (where floor(B/2) and ceil(B/2) differ) against a
+// docs/ALGORITHM.md §8.5 with odd budgets (where floor(B/2) and ceil(B/2) differ) against a
 // float64 oracle: recent = floor(B/2) newest entries, heavy = B - recent from 0 ... L-recent-1
 // by the group sum of causal column sums (diagonal included) of every context query.
 // The test checks that the ceil(B/2) split would keep a different set.
@@ -743,7 +743,7 @@ TEST(EchoKv, ProposalsAreTheAnchorRotatedToFuturePositions) {
   EXPECT_FALSE(Contains(Row(dec->calls[0].view_positions[0], 0), 20));
 }
 
-// ALGORITHM.md §3 step 2 with an independent oracle: W1 (the view of the first lookahead
+// docs/ALGORITHM.md §3 step 2 with an independent oracle: W1 (the view of the first lookahead
 // step, minus that step's own entry) equals TopK_B1 of the Eq. 3 group scores of the
 // anchor rotated by hand, in double, to exactly L ... L+T-1. The default frequencies at
 // d = 8 include 1 rad per position (pair 0), so proposals one position off (L+1 ... L+T)
@@ -794,7 +794,7 @@ TEST(EchoKv, Stage1IsTopKOfTheAnchorRotatedToExactlyLThroughLPlusTMinus1) {
   EXPECT_GE(differs, 2);
 }
 
-// ---- grown sessions (ALGORITHM.md §6) ------------------------------------------------
+// ---- grown sessions (docs/ALGORITHM.md §6) -------------------------------------------
 
 TEST(GrownSession, PerGroupPositionsAndPerLayerSizes) {
   // Layer 0 keeps 50 entries per group, layer 1 keeps 40, groups keep different ones;

@@ -206,7 +206,7 @@ double HandKl(const std::vector<double>& p, const std::vector<double>& q) {
 // (tests/model/naive_reference) of a tiny random qwen2 whose lm_head is scaled up so
 // the next-token distributions are sharp and the full and compressed ones differ
 // strongly (KL's two directions then differ by far more than float32 round-off).
-// StreamingLLM with B = 8 of L = 24 keeps positions 0..3 and 20..23 (ALGORITHM.md
+// StreamingLLM with B = 8 of L = 24 keeps positions 0..3 and 20..23 (docs/ALGORITHM.md
 // §8.6); one teacher-forced step decodes x_0 = argmax of the prefill at position L.
 // Needs no test data.
 TEST(Evaluator, KlIsFullAgainstPolicyByHand) {

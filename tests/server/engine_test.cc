@@ -300,7 +300,7 @@ TEST(EngineLimitsTest, MaxSessionsIsExact) {
 
 // Bytes and session counts with real numbers, through the engine (Engine::CreateWithModel
 // over an already loaded model, no server): FullKV sessions hold every token, so a
-// session's bytes are known by hand (ALGORITHM.md §7: 2 · layers · G · tokens · d ·
+// session's bytes are known by hand (docs/ALGORITHM.md §7: 2 · layers · G · tokens · d ·
 // sizeof(float32)); max_kv_bytes admits exactly what fits, an append is accounted as
 // old + new (not the new tokens only), a delete frees exactly that, and max_sessions = N
 // admits exactly N.

@@ -1,4 +1,4 @@
-// The session-memory invariant (SESSION_MEMORY.md §2), on the turn jobs the engine
+// The session-memory invariant (docs/SESSION_MEMORY.md §2), on the turn jobs the engine
 // runs: a tiered session built by Create(c1) + Append(c2) ... + Append(ck) holds the same
 // cold tier, the same hot positions per layer and group, and generates the same greedy
 // tokens as a session created in one shot on c1 + ... + ck — for every policy, on tiny

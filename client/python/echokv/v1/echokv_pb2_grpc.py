@@ -104,7 +104,7 @@ class EchoKVServicer(object):
 
     def AppendToSession(self, request, context):
         """Prefills `input` against the session's compact cache and re-compresses
-        "retained + new" with the session's CompressionConfig (ALGORITHM.md §6). Same
+        "retained + new" with the session's CompressionConfig (docs/ALGORITHM.md §6). Same
         streaming shape as CreateSession: the last message carries the updated Session.
         A mutation: a second concurrent mutation of the same session fails with
         FAILED_PRECONDITION. On error or cancel the session is unchanged.
