@@ -181,33 +181,36 @@ absl::Status SingleBos(const Fields& f, int* bos) {
 }
 
 // A number inside the rope_scaling object; errors name it "rope_scaling.<key>".
-absl::StatusOr<double> RopeNumber(const Json& rs, absl::string_view key, absl::string_view type) {
+absl::StatusOr<double> RopeNumber(const Json& rs, absl::string_view key, absl::string_view type,
+                                  absl::string_view field) {
   auto it = rs.find(std::string(key));
   if (it == rs.end() || it->is_null()) {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: field 'rope_scaling.", key,
+    return absl::InvalidArgumentError(absl::StrCat("config.json: field '", field, ".", key,
                                                    "' is missing (required for rope_type '", type,
                                                    "')"));
   }
   if (!it->is_number()) {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: field 'rope_scaling.", key,
+    return absl::InvalidArgumentError(absl::StrCat("config.json: field '", field, ".", key,
                                                    "' must be a number, got ", TypeName(*it)));
   }
   const double d = it->get<double>();
   if (!std::isfinite(d)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config.json: field 'rope_scaling.", key, "' must be finite"));
+        absl::StrCat("config.json: field '", field, ".", key, "' must be finite"));
   }
   return d;
 }
 
 // rope_scaling: null, or an object with "rope_type" (or the older "type", which
 // transformers still accepts) and the parameters of that type.
-absl::Status ParseRopeScaling(const Fields& f, RopeScaling* out) {
+// `field` is "rope_scaling" (config.json up to transformers 4.x) or "rope_parameters"
+// (transformers 5, which also moves rope_theta inside it).
+absl::Status ParseRopeScaling(const Fields& f, const std::string& field, RopeScaling* out) {
   *out = RopeScaling();
-  const Json* rs = f.Get("rope_scaling");
+  const Json* rs = f.Get(field);
   if (rs == nullptr) return absl::OkStatus();
   if (!rs->is_object()) {
-    return f.Error("rope_scaling", absl::StrCat("must be an object or null, got ", TypeName(*rs)));
+    return f.Error(field, absl::StrCat("must be an object or null, got ", TypeName(*rs)));
   }
   const Json* type = nullptr;
   std::string type_key;
@@ -215,7 +218,7 @@ absl::Status ParseRopeScaling(const Fields& f, RopeScaling* out) {
     auto it = rs->find(key);
     if (it == rs->end() || it->is_null()) continue;
     if (!it->is_string()) {
-      return f.Error(absl::StrCat("rope_scaling.", key),
+      return f.Error(absl::StrCat(field, ".", key),
                      absl::StrCat("must be a string, got ", TypeName(*it)));
     }
     if (type == nullptr) {
@@ -224,41 +227,41 @@ absl::Status ParseRopeScaling(const Fields& f, RopeScaling* out) {
     } else if (*type != *it) {
       // transformers' rope utilities read rope_type first while LlamaConfig copies
       // "type" over "rope_type": the two disagree, so we refuse rather than guess.
-      return f.Error("rope_scaling", absl::StrCat("has rope_type '", type->get<std::string>(),
+      return f.Error(field, absl::StrCat("has rope_type '", type->get<std::string>(),
                                                   "' and type '", it->get<std::string>(),
                                                   "', which disagree"));
     }
   }
   if (type == nullptr) {
-    return f.Error("rope_scaling", "has no 'rope_type' or 'type'");
+    return f.Error(field, "has no 'rope_type' or 'type'");
   }
   const std::string name = type->get<std::string>();
   if (name == "default") return absl::OkStatus();  // transformers' name for plain RoPE
   if (name == "linear") {
     out->type = RopeScalingType::kLinear;
-    ECHOKV_ASSIGN_OR_RETURN(out->factor, RopeNumber(*rs, "factor", name));
+    ECHOKV_ASSIGN_OR_RETURN(out->factor, RopeNumber(*rs, "factor", name, field));
   } else if (name == "llama3") {
     out->type = RopeScalingType::kLlama3;
-    ECHOKV_ASSIGN_OR_RETURN(out->factor, RopeNumber(*rs, "factor", name));
-    ECHOKV_ASSIGN_OR_RETURN(out->low_freq_factor, RopeNumber(*rs, "low_freq_factor", name));
-    ECHOKV_ASSIGN_OR_RETURN(out->high_freq_factor, RopeNumber(*rs, "high_freq_factor", name));
+    ECHOKV_ASSIGN_OR_RETURN(out->factor, RopeNumber(*rs, "factor", name, field));
+    ECHOKV_ASSIGN_OR_RETURN(out->low_freq_factor, RopeNumber(*rs, "low_freq_factor", name, field));
+    ECHOKV_ASSIGN_OR_RETURN(out->high_freq_factor, RopeNumber(*rs, "high_freq_factor", name, field));
     const char* kOriginal = "original_max_position_embeddings";
     auto it = rs->find(kOriginal);
     if (it == rs->end() || it->is_null()) {
-      return f.Error(absl::StrCat("rope_scaling.", kOriginal), "is missing (required for rope_type 'llama3')");
+      return f.Error(absl::StrCat(field, ".", kOriginal), "is missing (required for rope_type 'llama3')");
     }
-    ECHOKV_ASSIGN_OR_RETURN(int64_t original, f.ToInt(absl::StrCat("rope_scaling.", kOriginal), *it));
+    ECHOKV_ASSIGN_OR_RETURN(int64_t original, f.ToInt(absl::StrCat(field, ".", kOriginal), *it));
     out->original_max_position_embeddings = static_cast<int>(original);
   } else if (name == "dynamic") {
     return absl::UnimplementedError(absl::StrCat(
-        "config.json: rope_scaling type 'dynamic' (dynamic NTK, field 'rope_scaling.", type_key,
+        "config.json: ", field, " type 'dynamic' (dynamic NTK, field '", field, ".", type_key,
         "') is not supported: it recomputes the RoPE base "
         "from the current sequence length, while echokv stores keys post-RoPE at their "
         "original positions and never re-rotates them (compressed, appended and forked "
         "caches), so keys written at one length would not match queries at another"));
   } else {
     return absl::UnimplementedError(absl::StrCat(
-        "config.json: rope_scaling type '", name, "' (field 'rope_scaling.", type_key,
+        "config.json: ", field, " type '", name, "' (field '", field, ".", type_key,
         "') is not supported (supported: null, 'default', 'linear', 'llama3')"));
   }
   absl::Status valid = out->Validate();
@@ -479,7 +482,28 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view config_json,
     if (!(*theta > 0)) return f.Error("rope_theta", absl::StrCat("must be positive, got ", *theta));
     cfg.rope_theta = *theta;
   }
-  ECHOKV_RETURN_IF_ERROR(ParseRopeScaling(f, &cfg.rope_scaling));
+  if (f.Get("rope_parameters") != nullptr) {
+    // transformers 5: {"rope_theta": ..., "rope_type": ..., <the type's parameters>}.
+    const Json& rp = *f.Get("rope_parameters");
+    if (f.Get("rope_scaling") != nullptr) {
+      return f.Error("rope_parameters", "and 'rope_scaling' are both set; a config has one or the other");
+    }
+    if (rp.is_object() && rp.contains("rope_theta") && !rp["rope_theta"].is_null()) {
+      if (!rp["rope_theta"].is_number() || !(rp["rope_theta"].get<double>() > 0) ||
+          !std::isfinite(rp["rope_theta"].get<double>())) {
+        return f.Error("rope_parameters.rope_theta", "must be a positive finite number");
+      }
+      const double inner = rp["rope_theta"].get<double>();
+      if (theta.has_value() && *theta != inner) {
+        return f.Error("rope_theta", absl::StrCat("(", *theta, ") disagrees with rope_parameters.rope_theta (",
+                                                  inner, ")"));
+      }
+      cfg.rope_theta = inner;
+    }
+    ECHOKV_RETURN_IF_ERROR(ParseRopeScaling(f, "rope_parameters", &cfg.rope_scaling));
+  } else {
+    ECHOKV_RETURN_IF_ERROR(ParseRopeScaling(f, "rope_scaling", &cfg.rope_scaling));
+  }
 
   ECHOKV_ASSIGN_OR_RETURN(cfg.tie_word_embeddings, f.OptionalBool("tie_word_embeddings", false));
 

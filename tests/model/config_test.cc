@@ -96,6 +96,37 @@ TEST(ModelConfigTest, ExplicitFieldsAndNullDefaults) {
   EXPECT_EQ(cfg.num_kv_heads, 8);
 }
 
+// transformers 5 writes rope_theta and the scaling into one "rope_parameters" object
+// (SmolLM2's export, tests/model/testdata/smollm2/hf_export/config.json, has
+// {"rope_theta": 100000.0, "rope_type": "default"}).
+TEST(ModelConfigTest, Transformers5RopeParameters) {
+  Json j = BaseConfig();
+  j["rope_parameters"] = {{"rope_theta", 100000.0}, {"rope_type", "default"}};
+  ASSERT_OK_AND_ASSIGN(ModelConfig cfg, Parse(j));
+  EXPECT_DOUBLE_EQ(cfg.rope_theta, 100000.0);
+  EXPECT_EQ(cfg.rope_scaling.type, RopeScalingType::kNone);
+  j["rope_parameters"] = {{"rope_theta", 500000.0}, {"rope_type", "llama3"}, {"factor", 8.0},
+                          {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                          {"original_max_position_embeddings", 8192}};
+  ASSERT_OK_AND_ASSIGN(cfg, Parse(j));
+  EXPECT_DOUBLE_EQ(cfg.rope_theta, 500000.0);
+  EXPECT_EQ(cfg.rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_EQ(cfg.rope_scaling.original_max_position_embeddings, 8192);
+  j["rope_parameters"].erase("factor");
+  EXPECT_THAT(Parse(j), StatusIs(kInvalid, "field 'rope_parameters.factor' is missing"));
+  j["rope_parameters"] = {{"rope_theta", 100000.0}, {"rope_type", "yarn"}};
+  EXPECT_THAT(Parse(j), StatusIs(kUnimplemented, "field 'rope_parameters.rope_type'"));
+  j["rope_parameters"] = {{"rope_theta", 100000.0}, {"rope_type", "default"}};
+  j["rope_theta"] = 10000.0;
+  EXPECT_THAT(Parse(j), StatusIs(kInvalid, "disagrees with rope_parameters.rope_theta"));
+  j.erase("rope_theta");
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  EXPECT_THAT(Parse(j), StatusIs(kInvalid, "'rope_parameters' and 'rope_scaling' are both set"));
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_theta", -1.0}, {"rope_type", "default"}};
+  EXPECT_THAT(Parse(j), StatusIs(kInvalid, "rope_parameters.rope_theta' must be a positive finite number"));
+}
+
 TEST(ModelConfigTest, EachMissingRequiredFieldIsNamed) {
   for (const char* field :
        {"model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
