@@ -1,5 +1,9 @@
 #include "model/gguf_tokenizer.h"
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -8,6 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "model/bpe_tokenizer.h"
+#include "model/sentencepiece_tokenizer.h"
+#include "model/spm_model_proto.h"
 #include "nlohmann/json.hpp"
 
 namespace echokv::model {
@@ -107,13 +113,25 @@ bool SpelledInByteLevel(const std::string& s) {
 
 std::string Clip(const std::string& s) { return s.size() <= 64 ? s : s.substr(0, 64) + "..."; }
 
+absl::Status WriteSmall(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+static absl::StatusOr<GgufTokenizerFiles> SentencePieceFiles(const GgufFile& f);
 
 absl::StatusOr<GgufTokenizerFiles> GgufTokenizerJson(const GgufFile& f) {
   ECHOKV_ASSIGN_OR_RETURN(std::string model, f.GetString("tokenizer.ggml.model"));
+  if (model == "llama") return SentencePieceFiles(f);
   if (model != "gpt2") {
     return absl::UnimplementedError(absl::StrCat("metadata 'tokenizer.ggml.model' is '", Clip(model),
-                                                 "': only byte-level BPE (gpt2) GGUF tokenizers are supported"));
+                                                 "': only byte-level BPE (gpt2) and SentencePiece (llama) GGUF "
+                                                 "tokenizers are supported"));
   }
   ECHOKV_ASSIGN_OR_RETURN(const GgufValue* tokens, f.GetArray("tokenizer.ggml.tokens", GgufValueType::kString));
   if (tokens->count == 0) return absl::InvalidArgumentError("metadata 'tokenizer.ggml.tokens' is empty");
@@ -236,8 +254,107 @@ absl::StatusOr<GgufTokenizerFiles> GgufTokenizerJson(const GgufFile& f) {
   return out;
 }
 
+static absl::StatusOr<GgufTokenizerFiles> SentencePieceFiles(const GgufFile& f) {
+  ECHOKV_ASSIGN_OR_RETURN(const GgufValue* tokens, f.GetArray("tokenizer.ggml.tokens", GgufValueType::kString));
+  if (tokens->count == 0) return absl::InvalidArgumentError("metadata 'tokenizer.ggml.tokens' is empty");
+  const GgufValue* scores = nullptr;
+  if (f.Find("tokenizer.ggml.scores") != nullptr) {
+    ECHOKV_ASSIGN_OR_RETURN(scores, f.GetArray("tokenizer.ggml.scores", GgufValueType::kFloat32));
+    if (scores->count != tokens->count) {
+      return absl::InvalidArgumentError(absl::StrCat("metadata 'tokenizer.ggml.scores' has ", scores->count,
+                                                     " entries for ", tokens->count, " tokens"));
+    }
+  }
+  const GgufValue* types = nullptr;
+  if (f.Find("tokenizer.ggml.token_type") != nullptr) {
+    ECHOKV_ASSIGN_OR_RETURN(types, f.GetArray("tokenizer.ggml.token_type", GgufValueType::kInt64));
+    if (types->count != tokens->count) {
+      return absl::InvalidArgumentError(absl::StrCat("metadata 'tokenizer.ggml.token_type' has ", types->count,
+                                                     " entries for ", tokens->count, " tokens"));
+    }
+  }
+  const int64_t vocab = static_cast<int64_t>(tokens->count);
+  auto id_or = [&](const char* key, int64_t fallback) -> absl::StatusOr<int64_t> {
+    if (f.Find(key) == nullptr) return fallback;
+    ECHOKV_ASSIGN_OR_RETURN(uint64_t id, f.GetUint(key));
+    if (id >= static_cast<uint64_t>(vocab)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metadata '", key, "' is ", id, ", outside the vocabulary [0, ", vocab, ")"));
+    }
+    return static_cast<int64_t>(id);
+  };
+  SpmModelSpec spec;
+  // llama.cpp's defaults for a SentencePiece vocabulary: unk 0, bos 1, eos 2, no padding.
+  ECHOKV_ASSIGN_OR_RETURN(int64_t unk, id_or("tokenizer.ggml.unknown_token_id", 0));
+  ECHOKV_ASSIGN_OR_RETURN(int64_t bos, id_or("tokenizer.ggml.bos_token_id", 1));
+  ECHOKV_ASSIGN_OR_RETURN(int64_t eos, id_or("tokenizer.ggml.eos_token_id", 2));
+  ECHOKV_ASSIGN_OR_RETURN(int64_t pad, id_or("tokenizer.ggml.padding_token_id", -1));
+  spec.unk_id = static_cast<int>(unk);
+  spec.bos_id = static_cast<int>(bos);
+  spec.eos_id = static_cast<int>(eos);
+  spec.pad_id = static_cast<int>(pad);
+  spec.model_type = 2;  // BPE over the scores (llama.cpp's SPM tokenizer merges by score)
+  if (f.Find("tokenizer.ggml.add_space_prefix") != nullptr) {
+    ECHOKV_ASSIGN_OR_RETURN(spec.add_dummy_prefix, f.GetBool("tokenizer.ggml.add_space_prefix"));
+  }
+  int unknowns = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    SpmPiece p;
+    p.piece = tokens->strings[static_cast<size_t>(i)];
+    p.score = scores != nullptr ? static_cast<float>(scores->FloatAt(static_cast<uint64_t>(i))) : 0.0f;
+    int64_t t = types != nullptr ? types->IntAt(static_cast<uint64_t>(i)) : 1;
+    if (i == unk) t = 2;
+    if (i == bos || i == eos || i == pad) t = t == 2 ? 2 : 3;
+    if (t < 1 || t > 6) {
+      return absl::InvalidArgumentError(absl::StrCat("metadata 'tokenizer.ggml.token_type' of token ", i, " is ", t,
+                                                     " (1..6 are token types)"));
+    }
+    if (t == 6) spec.byte_fallback = true;
+    if (t == 2) ++unknowns;
+    p.type = static_cast<int>(t);
+    spec.pieces.push_back(std::move(p));
+  }
+  if (unknowns != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("the SentencePiece vocabulary needs exactly one unknown token, has ",
+                                                   unknowns, " (tokenizer.ggml.token_type / unknown_token_id)"));
+  }
+  bool add_bos = true;  // llama.cpp adds BOS to a SentencePiece vocabulary unless told otherwise
+  if (f.Find("tokenizer.ggml.add_bos_token") != nullptr) {
+    ECHOKV_ASSIGN_OR_RETURN(add_bos, f.GetBool("tokenizer.ggml.add_bos_token"));
+  }
+  Json config = {{"add_bos_token", add_bos}};
+  config["bos_token"] = tokens->strings[static_cast<size_t>(bos)];
+  config["eos_token"] = tokens->strings[static_cast<size_t>(eos)];
+  config["unk_token"] = tokens->strings[static_cast<size_t>(unk)];
+  if (f.Find("tokenizer.chat_template") != nullptr) {
+    ECHOKV_ASSIGN_OR_RETURN(std::string tmpl, f.GetString("tokenizer.chat_template"));
+    config["chat_template"] = tmpl;
+  }
+  GgufTokenizerFiles out;
+  out.tokenizer_model = SerializeSpmModel(spec);
+  out.tokenizer_config_json = config.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadGgufTokenizer(const GgufFile& f) {
   ECHOKV_ASSIGN_OR_RETURN(GgufTokenizerFiles files, GgufTokenizerJson(f));
+  if (!files.tokenizer_model.empty()) {
+    // libsentencepiece loads from a path: a private scratch directory for the two files.
+    char tmpl[] = "/tmp/echokv-gguf-spm-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed for the GGUF SentencePiece model");
+    const std::string dir = tmpl;
+    absl::Status written = WriteSmall(dir + "/tokenizer.model", files.tokenizer_model);
+    if (written.ok()) written = WriteSmall(dir + "/tokenizer_config.json", files.tokenizer_config_json);
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
+        written.ok() ? LoadSentencePieceTokenizer(dir) : absl::StatusOr<std::unique_ptr<Tokenizer>>(written);
+    unlink((dir + "/tokenizer.model").c_str());
+    unlink((dir + "/tokenizer_config.json").c_str());
+    rmdir(dir.c_str());
+    if (!tok.ok()) {
+      return absl::Status(tok.status().code(), absl::StrCat("the GGUF tokenizer: ", tok.status().message()));
+    }
+    return tok;
+  }
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = LoadBpeTokenizerFromJson(files.tokenizer_json,
                                                                             files.tokenizer_config_json);
   if (!tok.ok()) {

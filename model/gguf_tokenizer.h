@@ -17,7 +17,12 @@
 //   - add_bos_token / add_eos_token from `tokenizer.ggml.add_bos_token` /
 //     `add_eos_token` (default false for gpt2 files).
 // `tokenizer.chat_template` is the model's Jinja template, rendered by jinja/.
-// SentencePiece files (`tokenizer.ggml.model` "llama") are refused by name for now.
+// `tokenizer.ggml.model` "llama" (SentencePiece: tokens, scores, token types) becomes a
+// SentencePiece ModelProto (model/spm_model_proto.h) loaded by Debian's
+// libsentencepiece, as llama.cpp's SPM vocabulary reads it: BPE over the scores, byte
+// fallback when the vocabulary has byte tokens, `tokenizer.ggml.add_space_prefix`
+// (default true) as the dummy prefix, no other normalization, add_bos_token default
+// true. Other tokenizer models (t5, bert, rwkv, ...) are refused by name.
 //
 //   ECHOKV_ASSIGN_OR_RETURN(auto gguf, GgufFile::Open(path));
 //   ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, LoadGgufTokenizer(*gguf));
@@ -37,12 +42,13 @@
 namespace echokv::model {
 
 struct GgufTokenizerFiles {
-  std::string tokenizer_json;         // Hugging Face tokenizer.json
+  std::string tokenizer_json;         // byte-level BPE: Hugging Face tokenizer.json
+  std::string tokenizer_model;        // SentencePiece: the tokenizer.model bytes
   std::string tokenizer_config_json;  // tokenizer_config.json (special tokens, add_bos, chat_template)
 };
 
-// The Hugging Face files equivalent to the file's tokenizer metadata. Errors name the
-// metadata key.
+// The Hugging Face files equivalent to the file's tokenizer metadata (tokenizer.json
+// or tokenizer.model, and tokenizer_config.json). Errors name the metadata key.
 absl::StatusOr<GgufTokenizerFiles> GgufTokenizerJson(const GgufFile& file);
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadGgufTokenizer(const GgufFile& file);

@@ -14,6 +14,7 @@
 #include "model/config.h"
 #include "model/ggml_types.h"
 #include "model/safetensors.h"
+#include "model/spm_model_proto.h"
 #include "model/weights.h"
 #include "nlohmann/json.hpp"
 
@@ -45,6 +46,11 @@ class Writer {
   void Strings(const std::string& k, const std::vector<std::string>& v) {
     std::string b = Le<uint32_t>(kString) + Le<uint64_t>(v.size());
     for (const std::string& s : v) b += Str(s);
+    Kv(k, kArray, b);
+  }
+  void F32s(const std::string& k, const std::vector<float>& v) {
+    std::string b = Le<uint32_t>(kF32) + Le<uint64_t>(v.size());
+    for (float x : v) b += Le(x);
     Kv(k, kArray, b);
   }
   void I32s(const std::string& k, const std::vector<int32_t>& v) {
@@ -194,8 +200,40 @@ absl::Status ExportGguf(const std::string& dir, const std::string& out_path, con
   if (c.bos_token_id >= 0) w.U32("tokenizer.ggml.bos_token_id", c.bos_token_id);
   if (!c.eos_token_ids.empty()) w.U32("tokenizer.ggml.eos_token_id", c.eos_token_ids[0]);
 
-  // The tokenizer, when it is byte-level BPE (tokenizer.json).
-  if (absl::StatusOr<std::string> tj = ReadText(dir + "/tokenizer.json"); tj.ok()) {
+  // The tokenizer: SentencePiece (tokenizer.model) as llama.cpp's converter writes it
+  // (tokens, scores, token types, add_space_prefix, the trainer's special ids,
+  // add_bos_token from tokenizer_config.json, default true), or byte-level BPE.
+  const absl::StatusOr<std::string> spm_bytes = ReadText(dir + "/tokenizer.model");
+  absl::StatusOr<model::SpmModelSpec> spm = spm_bytes.ok() ? model::ParseSpmModel(*spm_bytes)
+                                                            : absl::StatusOr<model::SpmModelSpec>(spm_bytes.status());
+  if (spm.ok() && ReadText(dir + "/tokenizer.json").status().code() == absl::StatusCode::kNotFound) {
+    std::vector<std::string> tokens;
+    std::vector<float> scores;
+    std::vector<int32_t> types;
+    for (const model::SpmPiece& p : spm->pieces) {
+      tokens.push_back(p.piece);
+      scores.push_back(p.score);
+      types.push_back(p.type);
+    }
+    w.String("tokenizer.ggml.model", "llama");
+    w.String("tokenizer.ggml.pre", "default");
+    w.Strings("tokenizer.ggml.tokens", tokens);
+    w.F32s("tokenizer.ggml.scores", scores);
+    w.I32s("tokenizer.ggml.token_type", types);
+    w.Bool("tokenizer.ggml.add_space_prefix", spm->add_dummy_prefix);
+    if (spm->unk_id >= 0) w.U32("tokenizer.ggml.unknown_token_id", spm->unk_id);
+    bool add_bos = true;
+    if (absl::StatusOr<std::string> cfg = ReadText(dir + "/tokenizer_config.json"); cfg.ok()) {
+      const nlohmann::json j = nlohmann::json::parse(*cfg, nullptr, false);
+      if (j.is_object() && j.contains("add_bos_token") && j["add_bos_token"].is_boolean()) {
+        add_bos = j["add_bos_token"].get<bool>();
+      }
+      if (j.is_object() && j.contains("chat_template") && j["chat_template"].is_string()) {
+        w.String("tokenizer.chat_template", j["chat_template"].get<std::string>());
+      }
+    }
+    w.Bool("tokenizer.ggml.add_bos_token", add_bos);
+  } else if (absl::StatusOr<std::string> tj = ReadText(dir + "/tokenizer.json"); tj.ok()) {
     const nlohmann::json t = nlohmann::json::parse(*tj, nullptr, false);
     if (t.is_object() && t.contains("model") && t["model"].value("type", "") == "BPE") {
       std::vector<std::string> tokens(static_cast<size_t>(c.vocab_size));

@@ -15,6 +15,7 @@
 #include "model/config.h"
 #include "model/gguf.h"
 #include "model/gguf_model.h"
+#include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_data.h"
@@ -194,6 +195,56 @@ TEST(GgufModelTest, ErrorsNameTheKeyOrTensor) {
   EXPECT_EQ(GgufToHfName("blk.3.ffn_up.weight"), "model.layers.3.mlp.up_proj.weight");
   EXPECT_EQ(GgufToHfName("blk.03.ffn_up.weight"), "");
   EXPECT_EQ(GgufToHfName("output.weight"), "lm_head.weight");
+}
+
+// A SentencePiece tokenizer travels as tokenizer.ggml.model "llama" (tokens, scores,
+// types, add_space_prefix) and comes back as a ModelProto that libsentencepiece loads:
+// on stories260K's real tokenizer.model and on the test model's, the GGUF's tokenizer
+// encodes and decodes a mixed corpus exactly as the original file does. One setting a
+// GGUF cannot carry: stories260K's model collapses runs of spaces
+// (remove_extra_whitespaces, SentencePiece's default), which llama.cpp's SPM tokenizer
+// never does (Llama's own tokenizer.model has it off); the GGUF keeps every space then.
+TEST(GgufModelTest, SentencePieceTokenizerRoundTrip) {
+  tools::TestModelOptions o;
+  const Twin tiny = MakeTwin(o);
+  const std::string root = echokv::testing::MakeTempDir("echokv-gguf-spm");
+  ASSERT_OK(tools::ExportGguf(ECHOKV_STORIES_DIR, root + "/stories.gguf", {}));
+  const std::vector<std::string> corpus = {
+      "", "Once upon a time, there was a little girl named Lily.", "a tab\tand\n\nnew lines",
+      "numbers 12345 and 3.14", "unicode: héllo wörld 你好 🙂", "<s> not special </s>", "x"};
+  const std::string spaces = "  two  spaces and a trailing one ";
+  for (const auto& [dir, gguf] : {std::pair<std::string, std::string>{ECHOKV_STORIES_DIR, root + "/stories.gguf"},
+                                  {tiny.dir, tiny.gguf}}) {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Tokenizer> want, LoadTokenizer(dir));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Tokenizer> got, LoadTokenizer(gguf));
+    EXPECT_EQ(got->kind(), "sentencepiece");
+    EXPECT_EQ(got->vocab_size(), want->vocab_size());
+    EXPECT_EQ(got->bos_id(), want->bos_id());
+    EXPECT_EQ(got->eos_ids(), want->eos_ids());
+    for (int id = 0; id < want->vocab_size(); ++id) {
+      ASSERT_EQ(got->IdToPiece(id), want->IdToPiece(id)) << id;
+      ASSERT_EQ(got->IsSpecial(id), want->IsSpecial(id)) << id;
+    }
+    for (const std::string& text : corpus) {
+      for (bool special : {true, false}) {
+        EncodeOptions e;
+        e.add_special_tokens = special;
+        ASSERT_OK_AND_ASSIGN(std::vector<int> a, want->Encode(text, e));
+        ASSERT_OK_AND_ASSIGN(std::vector<int> b, got->Encode(text, e));
+        EXPECT_EQ(a, b) << dir << ": '" << text << "'";
+        ASSERT_OK_AND_ASSIGN(std::string da, want->Decode(a));
+        ASSERT_OK_AND_ASSIGN(std::string db, got->Decode(a));
+        EXPECT_EQ(da, db) << text;
+      }
+    }
+    ASSERT_OK_AND_ASSIGN(std::vector<int> kept, got->Encode(spaces, EncodeOptions{false, true}));
+    ASSERT_OK_AND_ASSIGN(std::string back, got->Decode(kept));
+    EXPECT_EQ(back, spaces) << dir << ": the GGUF's tokenizer keeps every space";
+  }
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Tokenizer> original, LoadTokenizer(ECHOKV_STORIES_DIR));
+  ASSERT_OK_AND_ASSIGN(std::vector<int> collapsed, original->Encode(spaces, EncodeOptions{false, true}));
+  ASSERT_OK_AND_ASSIGN(std::string squeezed, original->Decode(collapsed));
+  EXPECT_EQ(squeezed, "two spaces and a trailing one");  // stories260K's own model collapses them
 }
 
 }  // namespace
