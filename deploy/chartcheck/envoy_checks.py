@@ -208,11 +208,11 @@ def check_cluster_health(api, c, server_info, errors, cwhere):
         errors.add(cwhere, f"cluster {c['name']}: upstream {'TLS' if up_tls else 'plaintext'} to a "
                            f"{'TLS' if port_tls else 'plaintext'} {api} port")
     if up_tls:
-        u = opts.get("upstream_http_protocol_options") or {}
-        if not (u.get("auto_sni") and u.get("auto_san_validation")):
-            errors.add(cwhere, f"cluster {c['name']}: upstream TLS without auto_sni / auto_san_validation "
+        tc = c["transport_socket"]["typed_config"]
+        if not (tc.get("auto_host_sni") and tc.get("auto_sni_san_validation")):
+            errors.add(cwhere, f"cluster {c['name']}: upstream TLS without auto_host_sni / auto_sni_san_validation "
                                "(any certificate of the CA would pass for any pod)")
-        ctx = c["transport_socket"]["typed_config"]["common_tls_context"]
+        ctx = tc["common_tls_context"]
         if server_info["mtls"] and not ctx.get("tls_certificates"):
             errors.add(cwhere, f"cluster {c['name']}: the servers require client certificates, the gateway has none")
 
