@@ -434,6 +434,10 @@ def check_objects(objects, errors, external_names=()):
                 errors.add(where, f"port {p.get('name')}: targetPort {tp!r} names no container port")
             if not 1 <= p.get("port", 0) <= 65535:
                 errors.add(where, f"port {p.get('name')}: port out of range")
+    for where, cm in by_kind.get("ConfigMap", []):
+        size = sum(len(str(v).encode()) for v in (cm.get("data") or {}).values())
+        if size > 1048576:
+            errors.add(where, f"data holds {size} bytes: a ConfigMap holds at most 1 MiB (1048576)")
     for kind in ("PodDisruptionBudget", "NetworkPolicy"):
         for where, obj in by_kind.get(kind, []):
             sel = (obj["spec"].get("selector") or obj["spec"].get("podSelector") or {}).get("matchLabels")
