@@ -5,6 +5,8 @@
 //   echokv-cli generate SESSION --max-tokens 64                         # streams to stdout
 //   echokv-cli inspect SESSION --positions
 //   echokv-cli --token_file ~/.echokv-token --tls_ca ca.pem --server echokv:50051 list
+//   echokv-cli --server localhost:50051 --tls_ca ca.pem --tls_server_name echokv.ns.svc health
+//   echokv-cli drain --pod echokv-2 --replicas 2 --peer '{pod}.echokv-headless.ns.svc.cluster.local:50051'
 //
 // Exit status: 0 on success, 1 when the server returns an error (printed as
 // "CODE: message"), 2 for a usage error. `health` exits 0 only when SERVING.
@@ -29,6 +31,7 @@
 #include "absl/time/time.h"
 #include "client/arg_parser.h"
 #include "client/cli_util.h"
+#include "client/drain.h"
 #include "proto/echokv/v1/echokv.grpc.pb.h"
 
 namespace echokv::client {
@@ -59,6 +62,8 @@ void AddGlobalFlags(ArgParser& parser, Globals& globals) {
   parser.AddString("tls-ca", &globals.credential_flags.tls_ca, "PEM CA bundle: connect with TLS");
   parser.AddString("tls-cert", &globals.credential_flags.tls_cert, "PEM client certificate (mutual TLS)");
   parser.AddString("tls-key", &globals.credential_flags.tls_key, "PEM private key of --tls_cert");
+  parser.AddString("tls-server-name", &globals.credential_flags.tls_server_name,
+                   "name to verify in the server's certificate (default: --server's host)");
 }
 
 // A usage error (exit 2) as opposed to an error from the server (exit 1).
@@ -78,6 +83,7 @@ class Cli {
       o.pem_cert_chain = globals.credentials.cert_pem;
       o.pem_private_key = globals.credentials.key_pem;
       creds = grpc::SslCredentials(o);
+      if (!globals.credentials.server_name.empty()) args.SetSslTargetNameOverride(globals.credentials.server_name);
     }
     channel_ = grpc::CreateCustomChannel(globals.server.value_or(kDefaultServer), creds, args);
     stub_ = v1::EchoKV::NewStub(channel_);
@@ -91,6 +97,22 @@ class Cli {
     if (globals_.timeout.has_value()) {
       context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(*globals_.timeout)));
     }
+  }
+
+  // A channel to another server with the same credentials (no server name override:
+  // `address`'s own host is verified).
+  std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address) const {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (globals_.credentials.tls) {
+      grpc::SslCredentialsOptions o;
+      o.pem_root_certs = globals_.credentials.root_pem;
+      o.pem_cert_chain = globals_.credentials.cert_pem;
+      o.pem_private_key = globals_.credentials.key_pem;
+      creds = grpc::SslCredentials(o);
+    }
+    return grpc::CreateCustomChannel(address, creds, args);
   }
 
   v1::EchoKV::Stub& stub() { return *stub_; }
@@ -572,6 +594,89 @@ int RunImport(Globals globals, const std::vector<std::string>& args) {
   return PrintSession(session, id_only.value_or(false));
 }
 
+int RunDrain(Globals globals, const std::vector<std::string>& args) {
+  ArgParser parser(
+      "drain --pod NAME (--replicas N | --statefulset NAME --kube-dir DIR [--kube-api URL])\n"
+      "      (--peer '{pod}.HEADLESS:PORT' | --peers POD=HOST:PORT,...) [--token-dir DIR] [--deadline SECONDS]\n"
+      "  moves every session of --server (this pod) to the pods that remain when this pod's ordinal is at or\n"
+      "  above the StatefulSet's replicas (a scale-down); a session goes to the first of its owner's ordinal,\n"
+      "  ordinal/2, ordinal/4, ..., 0 that remains, keeping its id (docs/DEPLOY.md \"Drain\")");
+  std::optional<std::string> pod, statefulset, kube_dir, kube_api, peer, peers, token_dir;
+  std::optional<int64_t> replicas;
+  std::optional<double> deadline;
+  std::optional<bool> dry_run;
+  parser.AddString("pod", &pod, "this pod's name, <statefulset>-<ordinal> (the chart passes $POD_NAME)");
+  parser.AddInt("replicas", &replicas, "the StatefulSet's spec.replicas (instead of asking the API)");
+  parser.AddString("statefulset", &statefulset, "read spec.replicas of this StatefulSet from the Kubernetes API");
+  parser.AddString("kube-dir", &kube_dir, "token, ca.crt and namespace of the pod's ServiceAccount");
+  parser.AddString("kube-api", &kube_api, "API URL (default https://$KUBERNETES_SERVICE_HOST:$..._PORT)");
+  parser.AddString("peer", &peer, "address of another pod, {pod} replaced by its name");
+  parser.AddString("peers", &peers, "or explicit addresses: POD=HOST:PORT,...");
+  parser.AddString("token-dir", &token_dir, "one tenant token per file: drain every tenant (default: --token)");
+  parser.AddDouble("deadline", &deadline, "seconds after which no new session is moved");
+  parser.AddBool("dry-run", &dry_run, "print the moves only");
+  std::vector<std::string> pos;
+  if (auto rc = ParseOrFail(parser, globals, args, 0, &pos)) return *rc;
+  if (!pod.has_value()) return UsageFail("--pod is required", parser);
+  if (replicas.has_value() == statefulset.has_value()) {
+    return UsageFail("give exactly one of --replicas and --statefulset", parser);
+  }
+  if (!peer.has_value() && !peers.has_value()) return UsageFail("--peer or --peers is required", parser);
+  DrainConfig config;
+  config.pod = *pod;
+  config.peer = peer.value_or("");
+  if (peers.has_value()) {
+    absl::StatusOr<std::map<std::string, std::string>> map = ParsePeerMap(*peers);
+    if (!map.ok()) return UsageFail(std::string(map.status().message()), parser);
+    config.peer_map = std::move(*map);
+  }
+  if (deadline.has_value()) config.deadline = absl::Now() + absl::Seconds(*deadline);
+  if (globals.timeout.has_value()) config.call_timeout = absl::Seconds(*globals.timeout);
+  config.dry_run = dry_run.value_or(false);
+  if (absl::StatusOr<std::pair<std::string, int>> self = SplitOrdinal(*pod); !self.ok()) {
+    return UsageFail(std::string(self.status().message()), parser);
+  } else if (statefulset.has_value() && self->first != *statefulset) {
+    return UsageFail(absl::StrCat("--pod ", *pod, " is not a pod of StatefulSet ", *statefulset), parser);
+  }
+  if (replicas.has_value()) {
+    config.replicas = static_cast<int>(*replicas);
+  } else {
+    if (!kube_dir.has_value()) return UsageFail("--statefulset needs --kube-dir", parser);
+    absl::StatusOr<KubeApi> api = KubeApiFromDir(*kube_dir, kube_api.value_or(""));
+    if (!api.ok()) return UsageFail(std::string(api.status().message()), parser);
+    absl::StatusOr<int> n = FetchReplicas(*api, *statefulset, config.call_timeout);
+    if (!n.ok()) {
+      // Without the count the drain cannot tell a scale-down from a rolling update:
+      // leave the sessions on the pod's volume (they come back with the pod).
+      std::fprintf(stderr, "echokv-cli drain: %s; nothing moved\n", DescribeStatus(n.status()).c_str());
+      return kExitRpcError;
+    }
+    config.replicas = *n;
+  }
+  std::vector<std::string> tokens;
+  if (token_dir.has_value()) {
+    absl::StatusOr<std::vector<std::string>> t = ReadTokenDir(*token_dir);
+    if (!t.ok()) return UsageFail(std::string(t.status().message()), parser);
+    tokens = std::move(*t);
+  } else {
+    tokens.push_back(globals.credentials.bearer);
+  }
+  Cli cli(globals);
+  absl::StatusOr<DrainReport> report =
+      Drain(config, cli.channel(), [&cli](const std::string& address) { return cli.ChannelTo(address); }, tokens);
+  if (!report.ok()) return Fail(report.status());
+  if (!report->scaled_away) {
+    std::fprintf(stderr, "echokv-cli drain: %s is within the %d replica(s): its sessions stay on its volume\n",
+                 pod->c_str(), config.replicas);
+    return kExitOk;
+  }
+  for (const std::string& line : report->lines) std::printf("%s\n", line.c_str());
+  for (const std::string& line : report->left) std::fprintf(stderr, "left %s\n", line.c_str());
+  std::fprintf(stderr, "echokv-cli drain: %s (ordinal >= %d replicas): %d moved, %d deleted meanwhile, %zu left\n",
+               pod->c_str(), config.replicas, report->moved, report->gone, report->left.size());
+  return report->left.empty() ? kExitOk : kExitRpcError;
+}
+
 using Command = std::function<int(Globals, const std::vector<std::string>&)>;
 
 const std::map<std::string, std::pair<Command, const char*>>& Commands() {
@@ -589,6 +694,7 @@ const std::map<std::string, std::pair<Command, const char*>>& Commands() {
       {"compress", {RunCompress, "stateless: which positions a policy keeps (nothing stored)"}},
       {"export", {RunExport, "write a session's snapshot to stdout (ExportSession)"}},
       {"import", {RunImport, "recreate a session from a snapshot on stdin (ImportSession)"}},
+      {"drain", {RunDrain, "scale-down: move every session to the pods that remain"}},
   };
   return *commands;
 }
@@ -596,7 +702,8 @@ const std::map<std::string, std::pair<Command, const char*>>& Commands() {
 void PrintUsage(FILE* out) {
   std::fprintf(out,
                "usage: echokv-cli [--server HOST:PORT] [--timeout SECONDS] [--token T | --token_file F]\n"
-               "                  [--tls_ca CA.pem [--tls_cert C.pem --tls_key C.key]] COMMAND [flags]\n"
+               "                  [--tls_ca CA.pem [--tls_cert C.pem --tls_key C.key] [--tls_server_name NAME]]\n"
+               "                  COMMAND [flags]\n"
                "  --server defaults to $ECHOKV_SERVER or %s; the token to $ECHOKV_TOKEN\n\ncommands:\n",
                kDefaultServer);
   for (const auto& [name, entry] : Commands()) {

@@ -382,6 +382,11 @@ absl::StatusOr<Credentials> LoadCredentials(const CredentialFlags& flags, const 
     return absl::InvalidArgumentError("--tls_cert and --tls_key go together (mutual TLS)");
   }
   c.tls = flags.tls_ca.has_value() || flags.tls_cert.has_value();
+  if (flags.tls_server_name.has_value()) {
+    if (!c.tls) return absl::InvalidArgumentError("--tls_server_name needs TLS (--tls_ca or --tls_cert)");
+    if (flags.tls_server_name->empty()) return absl::InvalidArgumentError("--tls_server_name: empty");
+    c.server_name = *flags.tls_server_name;
+  }
   const std::pair<const char*, const std::optional<std::string>*> files[] = {
       {"tls_ca", &flags.tls_ca}, {"tls_cert", &flags.tls_cert}, {"tls_key", &flags.tls_key}};
   std::string* out[] = {&c.root_pem, &c.cert_pem, &c.key_pem};

@@ -115,6 +115,9 @@ struct CredentialFlags {
   std::optional<std::string> tls_ca;      // --tls_ca: PEM roots (default: the system's)
   std::optional<std::string> tls_cert;    // --tls_cert: client certificate (mTLS)
   std::optional<std::string> tls_key;     // --tls_key: its private key
+  // --tls_server_name: the name to verify in the server's certificate (and to send as
+  // SNI) instead of --server's host, e.g. when dialing localhost.
+  std::optional<std::string> tls_server_name;
 };
 struct Credentials {
   std::string bearer;     // "" = send no authorization metadata
@@ -122,9 +125,11 @@ struct Credentials {
   std::string root_pem;   // "" = system roots
   std::string cert_pem;   // mTLS
   std::string key_pem;
+  std::string server_name;  // "" = --server's host
 };
 // Reads the files; INVALID_ARGUMENT naming the flag for conflicts (--token with
-// --token_file, --tls_cert without --tls_key), unreadable or empty files. `env_token`
+// --token_file, --tls_cert without --tls_key, --tls_server_name without TLS),
+// unreadable or empty files. `env_token`
 // ($ECHOKV_TOKEN) is used when neither token flag is given.
 absl::StatusOr<Credentials> LoadCredentials(const CredentialFlags& flags, const char* env_token);
 

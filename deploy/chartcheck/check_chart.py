@@ -3,17 +3,18 @@
 
   check_chart.py --renderer BIN cases     # defaults + every documented example
   check_chart.py --renderer BIN schema    # values.schema.json: good and bad values
-  check_chart.py --renderer BIN planted   # planted errors must be caught
+  check_chart.py --renderer BIN planted   # planted errors (issue 32's defects) must be caught
+  check_chart.py --renderer BIN alerts    # promtool test rules on the rendered alerts
   check_chart.py --renderer BIN render [-f VALUES]... [--kube-version V]
-                 [--api-versions G/V]... [--plant NAME]   # one render, checked
+                 [--api-versions G/V]... [--plant NAME] [--print]   # one render, checked
 
 BIN is echokv-chart-render (deploy/chartrender, Helm's template engine offline).
-Every rendered object is checked against the Kubernetes API models
-(k8s_check.py), the gateway's Envoy config against envoy-gateway.schema.json, a
-ServiceMonitor against servicemonitor.schema.json, and the pieces against each
-other: server flags (known names, integer numbers), StatefulSet and probes,
-routes <-> replicas, mounts <-> files. Run by ctest (label unit); see
-docs/DEPLOY.md "How the chart is checked".
+Every rendered object is checked against the Kubernetes API models (k8s_check.py),
+custom resources against their schemas, the Envoy configs against
+envoy-gateway.schema.json, the PromQL of the alerts and the dashboard with promtool,
+and the pieces against each other (server_checks.py, envoy_checks.py,
+obs_checks.py). Run by ctest (label unit); see docs/DEPLOY.md "How the chart is
+checked".
 """
 
 import argparse
@@ -31,73 +32,17 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import k8s_check  # noqa: E402
+import envoy_checks  # noqa: E402
+import obs_checks  # noqa: E402
+import server_checks  # noqa: E402
+from chart_common import NAMESPACE, server_flag_drift  # noqa: E402
 
 DEPLOY = os.path.dirname(HERE)
 REPO = os.path.dirname(DEPLOY)
 CHART = os.path.join(DEPLOY, "helm", "echokv")
 EXAMPLES = os.path.join(DEPLOY, "helm", "examples")
 DEPLOY_MD = os.path.join(REPO, "docs", "DEPLOY.md")
-NAMESPACE = "echokv-ns"  # not "default", so a template that forgets the namespace shows
-HEALTH_SERVICE = "echokv.v1.EchoKV"
-
-# echokv-server's flags (server/main.cc, plus those of the session-memory, routing,
-# HTTP and security issues) by kind. A flag the server does not know makes it refuse
-# to start, so an unknown name here is an error.
-INT_FLAGS = {
-    "port", "metrics_port", "http_port", "threads", "prefill_chunk", "default_budget",
-    "default_lookahead", "default_workspace", "default_window", "max_context_tokens",
-    "max_new_tokens", "max_sessions", "max_kv_bytes", "max_cold_bytes",
-    "max_concurrent_streams", "max_request_bytes", "max_streams_per_connection",
-    "metrics_threads", "http_threads", "http_send_buffer_bytes", "http_max_body_bytes",
-    "max_step_tokens",
-}
-DURATION_FLAGS = {"session_ttl", "max_session_ttl", "shutdown_grace", "tls_refresh_interval",
-                  "max_connection_idle", "max_connection_age", "max_connection_age_grace",
-                  "http_read_timeout", "http_write_timeout", "http_keep_alive_timeout", "stuck_after"}
-ENUM_FLAGS = {
-    "device": r"cpu|cuda(:[0-9]+)?",
-    "dtype": r"float32|bfloat16|float16",
-    "default_policy": r"full|streamingllm|h2o|snapkv|pyramidkv|laq|echokv",
-    "default_memory": r"tiered|evict",
-    "fsync": r"always|none",
-    "insecure": r"true|false",
-    "reflection": r"true|false",
-}
-PATH_FLAGS = {"model", "state_dir", "auth_tokens_file", "tls_cert", "tls_key", "tls_client_ca",
-              "flagfile", "port_file", "chat_template"}
-STRING_FLAGS = {"host", "metrics_host", "replica_id", "http_host", "served_model_name"}
-KNOWN_FLAGS = INT_FLAGS | DURATION_FLAGS | set(ENUM_FLAGS) | PATH_FLAGS | STRING_FLAGS
-# absl's own flags, accepted by every binary.
-ABSL_FLAGS = {"flagfile"}
-SERVER_MAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "server", "main.cc")
-
-
-def server_flag_drift():
-    """The flag names this check knows vs those server/main.cc defines: (missing, extra).
-    A flag the server gained must be classified here, one it lost must go."""
-    with open(SERVER_MAIN) as f:
-        defined = set(re.findall(r"ABSL_FLAG\(\s*[\w:<>]+\s*,\s*([a-z0-9_]+)\s*,", f.read()))
-    known = KNOWN_FLAGS - ABSL_FLAGS
-    return sorted(defined - known), sorted(known - defined)
-
-
-def as_int(v, default=0):
-    """int(v), or `default` for a value already reported as malformed."""
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return default
-
-
-def parse_quantity(q):
-    """A Kubernetes quantity as a number (bytes or cores)."""
-    q = str(q)
-    suffixes = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-                "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18, "m": 1e-3}
-    for suf, mul in suffixes.items():
-        if q.endswith(suf):
-            return float(q[:-len(suf)]) * mul
-    return float(q)
+ALERTS_TEST = os.path.join(HERE, "alerts_test.yaml")
 
 
 # ------------------------------------------------------------------ rendering
@@ -128,7 +73,7 @@ def parse_manifests(text):
             continue
         m = re.search(r"(?m)^# Source: (\S+)$", doc)
         source = m.group(1) if m else "?"
-        obj = yaml.safe_load(doc)
+        obj = yaml.load(doc, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         out.append((source, obj))
     return out
 
@@ -152,29 +97,28 @@ def read_headers(path):
 
 
 def docs_snippets(tmpdir):
-    """```yaml blocks of docs/DEPLOY.md whose first line is `# values: NAME`, as files."""
+    """```yaml blocks of docs/DEPLOY.md whose first line is `# values: NAME`, as files.
+    A block may start with `# values: NAME (after OTHER)`: its values go on top of the
+    block OTHER, the way an operator layers -f files."""
     if not os.path.exists(DEPLOY_MD):
         return []
     with open(DEPLOY_MD) as f:
         text = f.read()
-    out = []
+    out, by_name = [], {}
     for block in re.findall(r"```yaml\n(.*?)```", text, re.S):
-        m = re.match(r"# values: (\S+)\n", block)
+        m = re.match(r"# values: (\S+)(?: \(after (\S+)\))?\n", block)
         if not m:
             continue
         path = os.path.join(tmpdir, f"docs-{m.group(1)}.yaml")
         with open(path, "w") as f:
             f.write(block)
-        out.append(path)
+        files = (by_name[m.group(2)] if m.group(2) else []) + [path]
+        by_name[m.group(1)] = files
+        out.append((m.group(1), files))
     return out
 
 
 # ------------------------------------------------------------------ checks
-
-def load_schema(name):
-    with open(os.path.join(HERE, name)) as f:
-        return json.load(f)
-
 
 def schema_errors(schema, doc, where, errors):
     v = jsonschema.Draft7Validator(schema)
@@ -183,371 +127,44 @@ def schema_errors(schema, doc, where, errors):
         errors.add(where, f"{path}: {e.message}")
 
 
-def parse_flags(text, where, errors):
-    """The flagfile -> {name: value}; every line --name=value with a known name and a
-    value of the flag's kind (numbers as plain integers: never 4e+06)."""
-    flags = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        m = re.match(r"^--([a-z0-9_]+)=(.*)$", line)
-        if not m:
-            errors.add(where, f"flagfile line {line!r} is not --name=value")
-            continue
-        name, value = m.group(1), m.group(2)
-        check_flag(name, value, where, errors)
-        if name in flags:
-            errors.add(where, f"--{name} given twice")
-        flags[name] = value
-    return flags
-
-
-def check_flag(name, value, where, errors):
-    if name not in KNOWN_FLAGS:
-        errors.add(where, f"--{name}: echokv-server has no such flag (it would refuse to start)")
-    elif name in INT_FLAGS and not re.fullmatch(r"-?[0-9]+", value):
-        errors.add(where, f"--{name}={value}: not an integer (the flag parser refuses it)")
-    elif name in DURATION_FLAGS and not re.fullmatch(r"[0-9]+(ms|s|m|h)", value):
-        errors.add(where, f"--{name}={value}: not a duration like 30s")
-    elif name in ENUM_FLAGS and not re.fullmatch(ENUM_FLAGS[name], value):
-        errors.add(where, f"--{name}={value}: not one of {ENUM_FLAGS[name]}")
-    elif name in PATH_FLAGS and not value.startswith("/"):
-        errors.add(where, f"--{name}={value}: not an absolute path")
-    elif name in STRING_FLAGS and value == "":
-        errors.add(where, f"--{name} is empty")
-
-
-def mounted_file(container, spec, path, where, errors, what):
-    """`path` must lie under a volumeMount of `container`; a Secret/ConfigMap volume
-    with `items` must project that file."""
-    for m in container.get("volumeMounts", []) or []:
-        mp = m["mountPath"].rstrip("/")
-        if path.startswith(mp + "/"):
-            rel = path[len(mp) + 1:]
-            vol = next((v for v in spec.get("volumes", []) or [] if v["name"] == m["name"]), None)
-            src = (vol or {}).get("secret") or (vol or {}).get("configMap") or {}
-            items = src.get("items")
-            if items is not None and rel not in [i["path"] for i in items]:
-                errors.add(where, f"{what} {path}: volume {m['name']} does not project {rel}")
-            return m
-    errors.add(where, f"{what} {path} is under no volumeMount of container {container['name']}")
-    return None
-
-
-def check_server(by_kind, errors):
-    """The StatefulSet and its flags, probes, threads, memory and lifecycle."""
-    stss = by_kind.get("StatefulSet", [])
-    if len(stss) != 1:
-        errors.add("chart", f"expected one StatefulSet, got {len(stss)}")
-        return None
-    where, sts = stss[0]
-    spec = sts["spec"]
-    pod = spec["template"]["spec"]
-    if spec.get("podManagementPolicy") != "Parallel":
-        errors.add(where, "podManagementPolicy must be Parallel")
-    us = spec.get("updateStrategy", {})
-    if us.get("type") != "RollingUpdate" or "maxUnavailable" in (us.get("rollingUpdate") or {}):
-        errors.add(where, "updateStrategy must be RollingUpdate, one pod at a time (no maxUnavailable)")
-    server = next((c for c in pod["containers"] if c["name"] == "echokv-server"), None)
-    if server is None:
-        errors.add(where, "no echokv-server container")
-        return None
-    env = {e["name"]: e for e in server.get("env", []) or []}
-    ports = {p["name"]: p["containerPort"] for p in server.get("ports", []) or []}
-
-    # Flags: the flagfile of the ConfigMap plus the container args.
-    args = server.get("args", []) or []
-    flagfile = next((a.split("=", 1)[1] for a in args if a.startswith("--flagfile=")), None)
-    flags = {}
-    if flagfile is None:
-        errors.add(where, "no --flagfile argument")
-    else:
-        m = mounted_file(server, pod, flagfile, where, errors, "--flagfile")
-        vol = next((v for v in pod.get("volumes", []) if m and v["name"] == m["name"]), {})
-        cm_name = (vol.get("configMap") or {}).get("name")
-        cms = [o for _, o in by_kind.get("ConfigMap", []) if o["metadata"]["name"] == cm_name]
-        key = os.path.basename(flagfile)
-        if not cms or key not in (cms[0].get("data") or {}):
-            errors.add(where, f"--flagfile {flagfile}: ConfigMap {cm_name!r} has no key {key}")
-        else:
-            flags = parse_flags(cms[0]["data"][key], f"ConfigMap/{cm_name} {key}", errors)
-    for a in args:
-        m = re.match(r"^--([a-z0-9_-]+)=(.*)$", a)
-        if m and m.group(1) != "flagfile":
-            name = m.group(1).replace("-", "_")
-            value = m.group(2)
-            if not re.fullmatch(r"\$\([A-Z_]+\)", value):
-                check_flag(name, value, where, errors)
-            flags[name] = value
-    if flags.get("replica_id") != "$(POD_NAME)":
-        errors.add(where, "--replica_id must be $(POD_NAME) (the owner prefix of session ids)")
-    if (env.get("POD_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-            != "metadata.name"):
-        errors.add(where, "env POD_NAME must come from fieldRef metadata.name")
-    for e in env.values():
-        if "value" in e and not isinstance(e["value"], str):
-            errors.add(where, f"env {e['name']}: value must be a string")
-    for n in ("ECHOKV_GRPC_PORT", "ECHOKV_METRICS_PORT"):
-        if n in env and not re.fullmatch(r"[0-9]+", env[n].get("value", "")):
-            errors.add(where, f"env {n}={env[n].get('value')!r}: not an integer")
-    if env.get("ECHOKV_GRPC_PORT", {}).get("value") != str(ports.get("grpc")):
-        errors.add(where, "ECHOKV_GRPC_PORT differs from the grpc container port")
-    if env.get("ECHOKV_METRICS_PORT", {}).get("value") != str(ports.get("metrics")):
-        errors.add(where, "ECHOKV_METRICS_PORT differs from the metrics container port")
-    if "http_port" in flags and as_int(flags["http_port"]) != ports.get("http"):
-        errors.add(where, "--http_port differs from the http container port")
-    if env.get("ECHOKV_HOST", {}).get("value") not in ("[::]", "::"):
-        errors.add(where, "ECHOKV_HOST should be [::] (dual-stack)")
-    for f in ("auth_tokens_file", "tls_cert", "tls_key", "tls_client_ca"):
-        if f in flags:
-            mounted_file(server, pod, flags[f], where, errors, f"--{f}")
-    if ("auth_tokens_file" in flags) == (flags.get("insecure") == "true"):
-        errors.add(where, "exactly one of --auth_tokens_file and --insecure=true must be set")
-
-    # Threads: the CPU request through the Downward API, in whole cores.
-    threads = env.get("ECHOKV_THREADS")
-    requests = (server.get("resources") or {}).get("requests") or {}
-    if threads is not None:
-        ref = (threads.get("valueFrom") or {}).get("resourceFieldRef") or {}
-        if ref.get("resource") != "requests.cpu" or str(ref.get("divisor")) != "1":
-            errors.add(where, "ECHOKV_THREADS must be resourceFieldRef requests.cpu with divisor 1")
-        if "cpu" not in requests:
-            errors.add(where, "ECHOKV_THREADS from requests.cpu, but no CPU request")
-        if "threads" in flags:
-            errors.add(where, "both --threads and ECHOKV_THREADS are set")
-    elif "threads" not in flags and "cpu" in requests:
-        errors.add(where, "a CPU request but neither ECHOKV_THREADS nor --threads")
-
-    # State: the volume claim template mounted where ECHOKV_STATE_DIR points.
-    state_dir = env.get("ECHOKV_STATE_DIR", {}).get("value")
-    claims = [t["metadata"]["name"] for t in spec.get("volumeClaimTemplates", []) or []]
-    if state_dir:
-        m = mounted_file(server, pod, state_dir, where, errors, "ECHOKV_STATE_DIR")
-        if m and m["name"] not in claims:
-            errors.add(where, f"the state dir is on volume {m['name']}, not a volumeClaimTemplate")
-        if "fsync" not in flags:
-            errors.add(where, "a state dir without --fsync")
-    elif claims:
-        errors.add(where, "volumeClaimTemplates without ECHOKV_STATE_DIR")
-
-    # Memory: at least weights-independent KV budgets.
-    mem = requests.get("memory")
-    need = as_int(flags.get("max_kv_bytes"))
-    if flags.get("default_memory") == "tiered":
-        need += as_int(flags.get("max_cold_bytes"))
-    if mem is None or parse_quantity(mem) < need:
-        errors.add(where, f"memory request {mem} is below max_kv_bytes (+ max_cold_bytes) = {need}")
-    limits = (server.get("resources") or {}).get("limits") or {}
-    if "memory" in limits and mem is not None and parse_quantity(limits["memory"]) < parse_quantity(mem):
-        errors.add(where, "memory limit below the request")
-
-    # Probes ask for the engine's health service.
-    for name in ("startupProbe", "livenessProbe", "readinessProbe"):
-        probe = server.get(name)
-        if probe is None:
-            continue
-        if "grpc" in probe:
-            if probe["grpc"].get("service") != HEALTH_SERVICE:
-                errors.add(where, f"{name}.grpc.service must be {HEALTH_SERVICE} (\"\" is answered by gRPC itself)")
-            if probe["grpc"].get("port") != ports.get("grpc"):
-                errors.add(where, f"{name}.grpc.port is not the grpc container port")
-        elif "exec" in probe:
-            cmd = probe["exec"].get("command", [])
-            if (not cmd or cmd[0] != "echokv-cli" or "health" not in cmd
-                    or cmd[cmd.index("health"):][1:3] != ["--service", HEALTH_SERVICE]):
-                errors.add(where, f"{name}.exec must run echokv-cli ... health --service {HEALTH_SERVICE}")
-        else:
-            errors.add(where, f"{name} is neither grpc nor exec")
-
-    # Lifecycle: the grace period covers the preStop sleep and the server's drain.
-    grace = pod.get("terminationGracePeriodSeconds", 30)
-    pre = ((server.get("lifecycle") or {}).get("preStop") or {}).get("exec", {}).get("command", [])
-    sleep = as_int(pre[1], None) if len(pre) == 2 and pre[0] == "sleep" else None
-    if sleep is None:
-        errors.add(where, "preStop must be [sleep, N]")
-    drain = as_int(flags.get("shutdown_grace", "0s").rstrip("s"))
-    if sleep is not None and grace < sleep + drain:
-        errors.add(where, f"terminationGracePeriodSeconds {grace} < preStop {sleep} + shutdown_grace {drain}")
-
-    # Scrape annotations name the metrics port.
-    ann = spec["template"]["metadata"].get("annotations") or {}
-    if ann.get("prometheus.io/scrape") == "true" and ann.get("prometheus.io/port") != str(ports.get("metrics")):
-        errors.add(where, "prometheus.io/port is not the metrics container port")
-    if not by_kind.get("PodDisruptionBudget"):
-        errors.add(where, "no PodDisruptionBudget")
-    return {"sts": sts, "server": server, "flags": flags, "ports": ports}
-
-
-def check_gateway(by_kind, server_info, errors):
-    """The Envoy config: schema, then routes <-> replicas <-> Services <-> ports."""
-    gws = [(w, o) for w, o in by_kind.get("Deployment", [])
-           if (o["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "gateway"]
-    if not gws:
-        return
-    where, dep = gws[0]
-    pod = dep["spec"]["template"]["spec"]
-    envoy = next((c for c in pod["containers"] if c["name"] == "envoy"), None)
-    if envoy is None:
-        errors.add(where, "no envoy container")
-        return
-    config_path = envoy["args"][envoy["args"].index("--config-path") + 1]
-    m = mounted_file(envoy, pod, config_path, where, errors, "--config-path")
-    vol = next((v for v in pod["volumes"] if m and v["name"] == m["name"]), {})
-    cm_name = (vol.get("configMap") or {}).get("name")
-    cms = [o for _, o in by_kind.get("ConfigMap", []) if o["metadata"]["name"] == cm_name]
-    key = os.path.basename(config_path)
-    if not cms or key not in (cms[0].get("data") or {}):
-        errors.add(where, f"Envoy config {config_path}: ConfigMap {cm_name!r} has no key {key}")
-        return
-    cwhere = f"ConfigMap/{cm_name} {key}"
-    cfg = yaml.safe_load(cms[0]["data"][key])
-    before = len(errors.items)
-    schema_errors(load_schema("envoy-gateway.schema.json"), cfg, cwhere, errors)
-    if len(errors.items) != before:
-        return  # the cross checks below assume the structure
-
-    if server_info is None:
-        return
-    sts, sports = server_info["sts"], server_info["ports"]
-    replicas = sts["spec"].get("replicas", 1)
-    headless = sts["spec"]["serviceName"]
-    domain = f"{headless}.{NAMESPACE}.svc.cluster.local"
-    clusters = {c["name"]: c for c in cfg["static_resources"]["clusters"]}
-    if len(clusters) != len(cfg["static_resources"]["clusters"]):
-        errors.add(cwhere, "duplicate cluster names")
-    used = {"admin"}
-    gports = {p["name"]: p["containerPort"] for p in envoy.get("ports", []) or []}
-    listeners = {l["name"]: l for l in cfg["static_resources"]["listeners"]}
-    for api in ("grpc", "http"):
-        if api == "http" and "http" not in sports:
-            if "http" in listeners:
-                errors.add(cwhere, "an http listener but the server has no HTTP port")
-            continue
-        lst = listeners.get(api)
-        if lst is None:
-            errors.add(cwhere, f"no {api} listener")
-            continue
-        if lst["address"]["socket_address"]["port_value"] != gports.get(api):
-            errors.add(cwhere, f"listener {api} port differs from the envoy container port {api}")
-        hcm = lst["filter_chains"][0]["filters"][0]["typed_config"]
-        routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
-        owner_routes = routes[:-1]
-        last = routes[-1]
-        if last["match"].get("headers") or last["match"].get("prefix") != "/":
-            errors.add(cwhere, f"{api}: the last route must be the catch-all for new sessions")
-        ordinals = set()
-        for r in owner_routes:
-            hdr = (r["match"].get("headers") or [{}])[0]
-            prefix = (hdr.get("string_match") or {}).get("prefix", "")
-            pm = re.fullmatch(re.escape(sts["metadata"]["name"]) + r"-([0-9]+)\.", prefix)
-            if hdr.get("name") != "x-echokv-session" or not pm:
-                errors.add(cwhere, f"{api}: route {r['route']['cluster']} does not match "
-                                   f"x-echokv-session by prefix <pod>. (got {hdr})")
-                continue
-            i = int(pm.group(1))
-            ordinals.add(i)
-            c = clusters.get(r["route"]["cluster"])
-            if c is None:
-                errors.add(cwhere, f"{api}: route to unknown cluster {r['route']['cluster']}")
-                continue
-            used.add(c["name"])
-            addr = c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
-            want = f"{sts['metadata']['name']}-{i}.{domain}"
-            if addr["address"] != want:
-                errors.add(cwhere, f"{api}: sessions of pod {i} go to {addr['address']}, not {want}")
-            if addr["port_value"] != sports[api]:
-                errors.add(cwhere, f"{api}: cluster {c['name']} port {addr['port_value']} is not the server's {sports[api]}")
-            if c.get("type") != "STRICT_DNS":
-                errors.add(cwhere, f"{api}: cluster {c['name']} must resolve the pod name (STRICT_DNS)")
-        missing = set(range(replicas)) - ordinals
-        if missing:
-            errors.add(cwhere, f"{api}: no route for the sessions of pod(s) {sorted(missing)}")
-        c = clusters.get(last["route"]["cluster"])
-        if c is None:
-            errors.add(cwhere, f"{api}: catch-all route to unknown cluster")
-        else:
-            used.add(c["name"])
-            addr = c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
-            if addr["address"] != domain or c.get("lb_policy") != "LEAST_REQUEST":
-                errors.add(cwhere, f"{api}: new sessions must go least-request over {domain}")
-        for r in routes:
-            c = clusters.get(r["route"]["cluster"])
-            if c is None:
-                continue
-            h2 = "typed_extension_protocol_options" in c
-            if api == "grpc" and not h2:
-                errors.add(cwhere, f"cluster {c['name']}: gRPC needs HTTP/2 upstream")
-            for hc in c.get("health_checks", []):
-                if "grpc_health_check" in hc and hc["grpc_health_check"].get("service_name") != HEALTH_SERVICE:
-                    errors.add(cwhere, f"cluster {c['name']}: health check must ask {HEALTH_SERVICE}")
-                if "grpc_health_check" in hc and not h2:
-                    errors.add(cwhere, f"cluster {c['name']}: a gRPC health check needs HTTP/2")
-            if r["route"].get("timeout") != "0s":
-                errors.add(cwhere, f"route to {c['name']}: streams need timeout 0s (no route timeout)")
-    for name in clusters:
-        if name not in used:
-            errors.add(cwhere, f"cluster {name} is never routed to")
-    mport = cfg["admin"]["address"]["socket_address"]
-    if mport["address"] not in ("127.0.0.1", "::1"):
-        errors.add(cwhere, "the admin interface must listen on loopback only")
-    # Every file Envoy reads is mounted.
-    for fname in re.findall(r"filename: (\S+)", cms[0]["data"][key]):
-        mounted_file(envoy, pod, fname, where, errors, "Envoy file")
-    # The gateway Service exposes the listeners.
-    svcs = [o for _, o in by_kind.get("Service", []) if o["metadata"]["name"] == dep["metadata"]["name"]]
-    if not svcs:
-        errors.add(where, "no gateway Service")
-
-
-def check_test_hook(by_kind, errors):
-    pods = [(w, o) for w, o in by_kind.get("Pod", [])
-            if "test" in ((o["metadata"].get("annotations") or {}).get("helm.sh/hook", ""))]
-    if not pods:
-        return
-    where, pod = pods[0]
-    script = " ".join(pod["spec"]["containers"][0].get("command", []))
-    services = {(o["metadata"]["name"], p["port"]) for _, o in by_kind.get("Service", [])
-                for p in o["spec"].get("ports", [])}
-    targets = re.findall(r"echokv-cli --server (\S+):([0-9]+)", script)
-    if not targets:
-        errors.add(where, "the test runs no echokv-cli --server HOST:PORT")
-    for host, port in targets:
-        if (host, int(port)) not in services:
-            errors.add(where, f"the test calls {host}:{port}, which no rendered Service exposes")
-    if f"health --service {HEALTH_SERVICE}" not in script or " info" not in script:
-        errors.add(where, f"the test must run health --service {HEALTH_SERVICE} and info")
-
-
-def check_manifests(text, external, errors):
+def check_manifests(text, external, errors, tmpdir):
     objs = parse_manifests(text)
     ext = []
     for e in external:
         kind, _, name = e.partition("/")
         ext.append((kind, name))
+    ext.append(("ConfigMap", "kube-root-ca.crt"))  # in every namespace (Kubernetes >= 1.21)
     by_kind = k8s_check.check_objects(objs, errors, external_names=ext)
     if by_kind is None:
         return None
-    for where, sm in by_kind.get("ServiceMonitor", []):
-        schema_errors(load_schema("servicemonitor.schema.json"), sm, where, errors)
-    info = check_server(by_kind, errors)
-    check_gateway(by_kind, info, errors)
-    check_test_hook(by_kind, errors)
+    for kind in ("ServiceMonitor", "ScaledObject"):
+        for where, obj in by_kind.get(kind, []):
+            with open(os.path.join(HERE, k8s_check.CRD_SCHEMAS[kind])) as f:
+                schema_errors(json.load(f), obj, where, errors)
+    info = server_checks.check_server(by_kind, errors)
+    server_checks.check_autoscaling(by_kind, info, errors)
+    envoy_checks.check_gateway(by_kind, info, errors)
+    server_checks.check_test_hook(by_kind, info, errors)
+    obs_checks.check_rules(by_kind, errors, tmpdir)
+    obs_checks.check_dashboard(by_kind, errors, tmpdir)
     return by_kind
 
 
-# ------------------------------------------------------------------ commands
-
 def run_case(renderer, chart, values, headers, label, expect_probe=None):
-    """Renders and checks one case; returns the error list (empty = pass)."""
+    """Renders and checks one case; returns (errors, objects by kind, manifests)."""
     kube = headers.get("kube-version")
     rc, out, err, notes = render(renderer, chart, values, kube, headers.get("api-versions", []))
     errors = k8s_check.Errors()
     if rc != 0:
         errors.add(label, f"render failed: {err.strip()}")
-        return errors, None
-    by_kind = check_manifests(out, headers.get("external", []), errors)
+        return errors, None, None
+    tmp = tempfile.mkdtemp()
+    try:
+        by_kind = check_manifests(out, headers.get("external", []), errors, tmp)
+    finally:
+        shutil.rmtree(tmp)
     if by_kind is None:
-        return errors, None
+        return errors, None, out
     if not notes.strip():
         errors.add(label, "NOTES.txt rendered empty")
     if "<no value>" in out or "<no value>" in notes:
@@ -557,8 +174,52 @@ def run_case(renderer, chart, values, headers, label, expect_probe=None):
                       if c["name"] == "echokv-server")
         if expect_probe not in server["livenessProbe"]:
             errors.add(label, f"expected {expect_probe} probes on Kubernetes {kube}")
-    return errors, by_kind
+    return errors, by_kind, out
 
+
+def gateway_objects(text):
+    """The gateway's Deployment and ConfigMap of a render, as comparable text."""
+    out = []
+    for _, o in parse_manifests(text):
+        labels = (o.get("metadata") or {}).get("labels") or {}
+        if labels.get("app.kubernetes.io/component") == "gateway" and o["kind"] in ("Deployment", "ConfigMap"):
+            out.append(yaml.safe_dump(o, sort_keys=True))
+    return out
+
+
+def check_scaling_keeps_gateway(renderer, chart, values, headers, by_kind, out, errors, label):
+    """D3: scaling the servers (replicaCount + 1) must neither change the gateway's
+    config nor roll its pods."""
+    if not by_kind.get("Deployment") or "replicas" not in by_kind["StatefulSet"][0][1]["spec"]:
+        return
+    replicas = by_kind["StatefulSet"][0][1]["spec"]["replicas"]
+    extra = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    extra.write(f"replicaCount: {replicas + 1}\n")
+    extra.close()
+    try:
+        rc, out2, err, _ = render(renderer, chart, list(values) + [extra.name], headers.get("kube-version"),
+                                  headers.get("api-versions", []))
+    finally:
+        os.unlink(extra.name)
+    if rc != 0:
+        return  # e.g. routeReplicas == replicaCount: the render refuses, which is fine
+    if gateway_objects(out) != gateway_objects(out2):
+        errors.add(label, f"changing replicaCount ({replicas} -> {replicas + 1}) changes the gateway's Deployment "
+                          "or config: every scale would roll the gateway and cut its streams")
+
+
+def print_result(label, errors, by_kind):
+    if errors:
+        print(f"FAIL {label}:")
+        for e in errors.items:
+            print(f"  {e}")
+        return 1
+    n = sum(len(v) for v in by_kind.values())
+    print(f"ok   {label}: {n} objects")
+    return 0
+
+
+# ------------------------------------------------------------------ commands
 
 def cmd_cases(args):
     missing, extra = server_flag_drift()
@@ -568,12 +229,10 @@ def cmd_cases(args):
         return 1
     tmp = tempfile.mkdtemp()
     try:
-        cases = [("defaults (Kubernetes 1.29)", [], {"kube-version": "1.29.0", "api-versions": [],
-                                                    "external": []}, "grpc"),
-                 ("defaults (Kubernetes 1.27)", [], {"kube-version": "1.27.0", "api-versions": [],
-                                                    "external": []}, "grpc"),
-                 ("defaults (Kubernetes 1.23: exec probes)", [],
-                  {"kube-version": "1.23.0", "api-versions": [], "external": []}, "exec")]
+        none = {"api-versions": [], "external": []}
+        cases = [("defaults (Kubernetes 1.29)", [], dict(none, **{"kube-version": "1.29.0"}), "grpc"),
+                 ("defaults (Kubernetes 1.27)", [], dict(none, **{"kube-version": "1.27.0"}), "grpc"),
+                 ("defaults (Kubernetes 1.23: exec probes)", [], dict(none, **{"kube-version": "1.23.0"}), "exec")]
         examples = sorted(f for f in os.listdir(EXAMPLES) if f.endswith(".yaml"))
         for f in examples:
             path = os.path.join(EXAMPLES, f)
@@ -584,9 +243,14 @@ def cmd_cases(args):
         if not snippets:
             print("FAIL: docs/DEPLOY.md has no `# values:` yaml snippets")
             return 1
-        for path in snippets:
-            cases.append((f"DEPLOY.md {os.path.basename(path)}", [path], read_headers(path), None))
-        # Every example is documented.
+        for name, files in snippets:
+            h = read_headers(files[0])
+            for f in files[1:]:
+                hf = read_headers(f)
+                h["external"] += hf["external"]
+                h["api-versions"] += hf["api-versions"]
+                h["kube-version"] = hf["kube-version"] or h["kube-version"]
+            cases.append((f"DEPLOY.md {name}", files, h, None))
         with open(DEPLOY_MD) as f:
             doc = f.read()
         failed = 0
@@ -611,15 +275,10 @@ def cmd_cases(args):
             else:
                 print(f"ok   examples/manifests/{f}: {len(objs)} objects")
         for label, values, headers, probe in cases:
-            errors, by_kind = run_case(args.renderer, args.chart, values, headers, label, probe)
-            if errors:
-                failed += 1
-                print(f"FAIL {label}:")
-                for e in errors.items:
-                    print(f"  {e}")
-            else:
-                n = sum(len(v) for v in by_kind.values())
-                print(f"ok   {label}: {n} objects")
+            errors, by_kind, out = run_case(args.renderer, args.chart, values, headers, label, probe)
+            if by_kind is not None and not errors:
+                check_scaling_keeps_gateway(args.renderer, args.chart, values, headers, by_kind, out, errors, label)
+            failed += print_result(label, errors, by_kind)
         print(f"{len(cases) - failed}/{len(cases)} cases pass (Kubernetes models: python3-kubernetes "
               f"{k8s_check.MODELS_VERSION}, API {k8s_check.KUBE_API_OF_MODELS} + {sorted(k8s_check.NEWER_FIELDS)})")
         return 1 if failed else 0
@@ -639,7 +298,7 @@ def cmd_schema(args):
             path = os.path.join(d, f)
             h = read_headers(path)
             if kind == "values-good":
-                errors, _ = run_case(args.renderer, args.chart, [path], h, f)
+                errors, _, _ = run_case(args.renderer, args.chart, [path], h, f)
                 if errors:
                     failed += 1
                     print(f"FAIL {kind}/{f} should pass:\n  " + "\n  ".join(errors.items))
@@ -664,35 +323,184 @@ def cmd_schema(args):
     return 1 if failed else 0
 
 
-# Planted errors: (name, template file, old text, new text, extra values, expected
-# message). Each is applied to a copy of the chart; the check must fail with the
-# message, which proves the check can see that kind of error.
+def cmd_alerts(args):
+    """The alert rules as rendered with prometheusRule enabled: promtool check rules,
+    then promtool test rules with alerts_test.yaml (series in, alerts out)."""
+    values = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    values.write("prometheusRule:\n  enabled: true\n")
+    values.close()
+    tmp = tempfile.mkdtemp()
+    try:
+        headers = {"kube-version": None, "api-versions": ["monitoring.coreos.com/v1"], "external": []}
+        rc, out, err, _ = render(args.renderer, args.chart, [values.name], None, headers["api-versions"])
+        if rc != 0:
+            print(f"FAIL: render failed: {err}")
+            return 1
+        errors = k8s_check.Errors()
+        by_kind = check_manifests(out, [], errors, tmp)
+        if errors or by_kind is None:
+            print("FAIL:\n  " + "\n  ".join(errors.items))
+            return 1
+        rules = obs_checks.check_rules(by_kind, errors, tmp)
+        shutil.copy(ALERTS_TEST, os.path.join(tmp, "alerts_test.yaml"))
+        os.rename(rules, os.path.join(tmp, "alerts.rules.yaml"))
+        p = subprocess.run([obs_checks.PROMTOOL, "test", "rules", "alerts_test.yaml"], cwd=tmp,
+                           capture_output=True, text=True)
+        print(p.stdout + p.stderr)
+        if p.returncode != 0:
+            print("FAIL: promtool test rules")
+            return 1
+        print("ok   promtool check rules and test rules on the rendered alerts")
+        return 0
+    finally:
+        os.unlink(values.name)
+        shutil.rmtree(tmp)
+
+
+# Planted errors: (name, template file, old text, new text, extra values, headers,
+# expected message). Each is applied to a copy of the chart; the check must fail with
+# the message, which proves the check can see that kind of error. The D1..D8 entries
+# put issue 32's defects back.
 BIG_VALUES = "limits:\n  maxKvBytes: 17179869184\n"
+TLS_VALUES = """auth:
+  insecure: false
+  tokensSecret: t
+drain:
+  tokensSecret: d
+tests:
+  tokenSecret: tt
+tls:
+  enabled: true
+  secretName: s
+  clientCASecret: ca
+  clientCertSecret: cc
+gateway:
+  enabled: true
+  routeReplicas: 3
+  tls:
+    secretName: g
+"""
+TLS_EXT = ["Secret/t", "Secret/d", "Secret/tt", "Secret/s", "Secret/ca", "Secret/cc", "Secret/g"]
+GW_VALUES = "replicaCount: 3\ngateway:\n  enabled: true\n  routeReplicas: 4\n"
+GPU_VALUES = """server:
+  device: cuda
+gpu:
+  count: 1
+  image:
+    repository: r/echokv-cuda
+limits:
+  maxKvBytes: 68719476736
+"""
 PLANTED = [
     ("typo-field", "templates/statefulset.yaml", "terminationGracePeriodSeconds:",
-     "terminationGracePeriodSecond:", "", "unknown field of V1PodSpec (did you mean"),
+     "terminationGracePeriodSecond:", "", {}, "unknown field of V1PodSpec (did you mean"),
     ("float-flag", "templates/configmap.yaml", "--max_kv_bytes={{ int64 .maxKvBytes }}",
-     "--max_kv_bytes={{ .maxKvBytes }}", BIG_VALUES, "--max_kv_bytes=1.7179869184e+10: not an integer"),
+     "--max_kv_bytes={{ .maxKvBytes }}", BIG_VALUES, {}, "--max_kv_bytes=1.7179869184e+10: not an integer"),
     ("string-replicas", "templates/statefulset.yaml", "replicas: {{ int64 .Values.replicaCount }}",
-     "replicas: {{ int64 .Values.replicaCount | quote }}", "", "spec.replicas: expected an integer, got string"),
+     "replicas: {{ int64 .Values.replicaCount | quote }}", "", {}, "spec.replicas: expected an integer, got string"),
     ("probe-service", "templates/_helpers.tpl", 'service: {{ $ctx.Values.probes.service | quote }}',
-     'service: ""', "", "livenessProbe.grpc.service must be echokv.v1.EchoKV"),
-    ("service-port-typo", "templates/service.yaml", "targetPort: grpc", "targetPort: grcp", "",
+     'service: ""', "", {}, "livenessProbe.grpc.service must be echokv.v1.EchoKV"),
+    ("service-port-typo", "templates/service.yaml", "targetPort: grpc", "targetPort: grcp", "", {},
      "targetPort 'grcp' names no container port"),
     ("headless-selector", "templates/service-headless.yaml",
      'selector:\n    {{- include "echokv.selectorLabels" . | nindent 4 }}',
-     "selector:\n    app: other", "", "selects no workload's pods"),
+     "selector:\n    app: other", "", {}, "selects no workload's pods"),
     ("envoy-field-typo", "templates/gateway-configmap.yaml", "lb_policy: {{ $t.lb }}",
-     "lb_polcy: {{ $t.lb }}", "gateway:\n  enabled: true\n",
-     "Additional properties are not allowed ('lb_polcy' was unexpected)"),
+     "lb_polcy: {{ $t.lb }}", GW_VALUES, {}, "Additional properties are not allowed ('lb_polcy' was unexpected)"),
     ("envoy-route-off-by-one", "templates/gateway-configmap.yaml",
-     'prefix: {{ printf "%s-%d." $fullname $i | quote }}',
-     'prefix: {{ printf "%s-%d." $fullname (add1 $i) | quote }}', "replicaCount: 3\ngateway:\n  enabled: true\n",
-     "no route for the sessions of pod(s) [0]"),
-    ("unknown-flag", "templates/configmap.yaml", "--prefill_chunk=", "--prefil_chunk=", "",
+     '{{- $owner := printf "%s-%d." $fullname $i }}', '{{- $owner := printf "%s-%d." $fullname (add1 $i) }}',
+     GW_VALUES, {}, "no route for the sessions of pod(s) [0]"),
+    ("unknown-flag", "templates/configmap.yaml", "--prefill_chunk=", "--prefil_chunk=", "", {},
      "--prefil_chunk: echokv-server has no such flag"),
     ("grace-too-short", "templates/_helpers.tpl", "{{- if eq $set 0 }}{{ $needed }}",
-     "{{- if eq $set 0 }}{{ 10 }}", "", "terminationGracePeriodSeconds 10 < preStop 5 + shutdown_grace 20"),
+     "{{- if eq $set 0 }}{{ 10 }}", "", {}, "terminationGracePeriodSeconds 10 < drain 300 + preStop 5 + shutdown_grace 120"),
+    # D1: TLS probes: plaintext to the TLS port / no server name / no client certificate.
+    ("D1-probe-plaintext", "templates/_helpers.tpl",
+     '{{- range (include "echokv.cliTlsArgs" (dict "ctx" $ctx "serverName" (include "echokv.tlsServerName" $ctx)) | trim | splitList "\\n") }}',
+     '{{- range list }}', TLS_VALUES, {"external": TLS_EXT},
+     "livenessProbe: the server speaks TLS but the call has no --tls-ca"),
+    ("D1-probe-no-server-name", "templates/_helpers.tpl", "{{- if .serverName }}\n--tls-server-name",
+     "{{- if false }}\n--tls-server-name", TLS_VALUES, {"external": TLS_EXT},
+     "livenessProbe: dials localhost:50051 over TLS without --tls-server-name"),
+    ("D1-probe-no-client-cert", "templates/_helpers.tpl", "{{- if $v.tls.clientCASecret }}\n--tls-cert",
+     "{{- if false }}\n--tls-cert", TLS_VALUES, {"external": TLS_EXT},
+     "livenessProbe: the server requires client certificates (--tls_client_ca) but the call has no --tls-cert"),
+    # D2: the HTTP door in plaintext next to TLS gRPC; the TLS proxy's listener in plaintext.
+    ("D2-http-plaintext", "templates/configmap.yaml", "--http_host=127.0.0.1\n", "", TLS_VALUES,
+     {"external": TLS_EXT}, "listens on every address: bearer tokens in plaintext"),
+    ("D2-proxy-plaintext", "templates/tls-proxy-configmap.yaml", "          transport_socket:\n",
+     "          transport_socket_off:\n", TLS_VALUES, {"external": TLS_EXT},
+     "filter_chains.0: Additional properties are not allowed ('transport_socket_off' was unexpected)"),
+    ("D2-gateway-http-plaintext-upstream", "templates/gateway-configmap.yaml",
+     "        {{- if $ctx.Values.tls.enabled }}\n        transport_socket:",
+     "        {{- if and $ctx.Values.tls.enabled $api.h2 }}\n        transport_socket:", TLS_VALUES,
+     {"external": TLS_EXT}, "upstream plaintext to a TLS http port"),
+    # D3: the gateway not drained; scaling rolls the gateway; a shutdown shorter than a generation.
+    ("D3-gateway-no-drain", "templates/gateway-deployment.yaml", "printf 'POST /drain_listeners?graceful",
+     "printf 'GET /ready",
+     GW_VALUES, {}, "the gateway's preStop does not drain Envoy's listeners"),
+    ("D3-routes-follow-replicas", "templates/_helpers.tpl", "{{- $n }}\n{{- end }}",
+     "{{- add $n (int64 .Values.replicaCount) }}\n{{- end }}", GW_VALUES, {},
+     "changing replicaCount (3 -> 4) changes the gateway's Deployment or config"),
+    ("D3-shutdown-shorter-than-generation", "templates/_helpers.tpl",
+     '{{- if lt (int64 .Values.limits.shutdownGraceSeconds) $longest }}', "{{- if false }}",
+     "limits:\n  shutdownGraceSeconds: 20\n", {}, "--shutdown_grace=20s is shorter than the longest generation"),
+    # D4: TCP health checks of the HTTP API; panic routing; an old Envoy; no overload manager;
+    # retries of non-idempotent calls.
+    ("D4-http-tcp-health", "templates/gateway-configmap.yaml", "http_health_check:\n            path: /health",
+     "tcp_health_check: {}", GW_VALUES, {}, "checks the http API by TCP only"),
+    ("D4-panic-threshold", "templates/gateway-configmap.yaml", "            value: 0\n", "            value: 50\n",
+     GW_VALUES, {}, "healthy_panic_threshold 50"),
+    ("D4-old-envoy", "values.yaml", "tag: v1.37-latest", "tag: v1.31-latest", GW_VALUES, {},
+     "is older than v1.37"),
+    ("D4-no-overload-manager", "templates/gateway-configmap.yaml", "    overload_manager:\n", "    overload_managr:\n",
+     GW_VALUES, {}, "Additional properties are not allowed ('overload_managr' was unexpected)"),
+    ("D4-retry-non-idempotent", "templates/gateway-configmap.yaml",
+     'retry_on: {{ ternary $readRetry "connect-failure,refused-stream" $read | quote }}\n                        num_retries: {{ ternary (int64 $gw.retries) 1 $read }}\n                  {{- end }}\n                  {{- end }}',
+     'retry_on: {{ $readRetry | quote }}\n                        num_retries: {{ ternary (int64 $gw.retries) 1 $read }}\n                  {{- end }}\n                  {{- end }}',
+     GW_VALUES, {}, "retries a non-idempotent call on ['reset', 'unavailable']"),
+    # D5: helm test without the token the servers check.
+    ("D5-test-no-token", "templates/tests/test-connection.yaml",
+     '{{- if .Values.auth.tokensSecret }}{{ $cli = printf " --token-file', '{{- if false }}{{ $cli = printf " --token-file',
+     TLS_VALUES, {"external": TLS_EXT}, "the servers check tokens, and info needs one: no --token-file"),
+    # D6: host memory counting the device-resident hot tier; no /dev/shm; two GPUs.
+    ("D6-cuda-memory-as-host", "templates/_helpers.tpl", '{{- if not (include "echokv.cuda" .) }}\n{{- $terms',
+     '{{- if true }}\n{{- $terms', GPU_VALUES, {}, "on CUDA the host memory counts the hot tier"),
+    ("D6-cuda-no-shm", "templates/statefulset.yaml", "            - name: dshm\n              mountPath: /dev/shm\n", "",
+     GPU_VALUES, {}, "CUDA without a memory-backed /dev/shm"),
+    ("D6-two-gpus", "templates/_helpers.tpl", "{{- $_ := set $limits .Values.gpu.resourceName (int64 .Values.gpu.count) }}",
+     "{{- $_ := set $limits .Values.gpu.resourceName 2 }}", GPU_VALUES, {}, "needs exactly one GPU in the limits"),
+    # D7: threads from the CPU request rounded up.
+    ("D7-threads-round-up", "templates/_helpers.tpl", "{{ max 1 (div $m 1000) }}", "{{ div (add $m 999) 1000 }}",
+     "resources:\n  requests:\n    cpu: 2500m\n", {}, "--threads=3 exceeds the CPU request 2500m"),
+    # D8: scrape annotations beside a ServiceMonitor; IPv6 wildcard on IPv4; no gateway
+    # anti-affinity; a test pod without the servers' tolerations.
+    ("D8-double-scrape", "templates/_helpers.tpl", '{{- if not (include "echokv.serviceMonitor" .) }}true{{ end }}',
+     "true", "serviceMonitor:\n  enabled: true\n", {"api-versions": ["monitoring.coreos.com/v1"]},
+     "a Prometheus that honours both scrapes every pod twice"),
+    ("D8-ipv6-on-ipv4", "templates/_helpers.tpl", '{{- else if eq .Values.network.ipFamily "ipv4" }}0.0.0.0',
+     '{{- else if eq .Values.network.ipFamily "ipv4" }}[::]', "", {}, "an IPv6 wildcard on an IPv4-only cluster"),
+    ("D8-envoy-ipv6-on-ipv4", "templates/_helpers.tpl", 'address: {{ if eq $fam "ipv4" }}0.0.0.0{{ else }}"::"{{ end }}',
+     'address: "::"', GW_VALUES, {}, "listener grpc binds ::: an IPv6 wildcard on an IPv4-only cluster"),
+    ("D8-gateway-no-anti-affinity", "values.yaml", "podAntiAffinity: soft        # soft | hard | none: spread the gateway",
+     "podAntiAffinity: none        # soft | hard | none: spread the gateway", GW_VALUES, {},
+     "the gateway pods have no anti-affinity"),
+    ("D8-test-no-tolerations", "templates/tests/test-connection.yaml",
+     "{{- with (default .Values.tolerations .Values.tests.tolerations) }}", "{{- with .Values.tests.tolerations }}",
+     "tolerations:\n  - key: nvidia.com/gpu\n    operator: Exists\n    effect: NoSchedule\n", {},
+     "the test pod lacks the servers' tolerations"),
+    # The drain: wrong peers, no RBAC, no tenant tokens.
+    ("drain-peer-port", "templates/statefulset.yaml", "--peer '{pod}.{{ include \"echokv.headlessDomain\" . }}:{{ int64 .Values.ports.grpc }}'",
+     "--peer '{pod}.{{ include \"echokv.headlessDomain\" . }}:{{ int64 .Values.ports.metrics }}'", "", {},
+     "drain: --peer '{pod}.echokv-headless.echokv-ns.svc.cluster.local:9464' is not"),
+    ("drain-no-rbac", "templates/rbac.yaml", 'verbs: ["get"]', 'verbs: ["list"]', "", {},
+     "no Role bound to ServiceAccount echokv lets the drain get StatefulSet echokv"),
+    ("drain-no-token-dir", "templates/statefulset.yaml", " --token-dir /etc/echokv/drain-tokens", "", TLS_VALUES,
+     {"external": TLS_EXT}, "drain: the server checks tokens but the drain has no --token-dir"),
+    # Autoscaling on CPU instead of a serving signal; scale-down of several pods at once.
+    ("autoscale-fast-scale-down", "templates/_helpers.tpl", "    - type: Pods\n      value: 1\n",
+     "    - type: Pods\n      value: 4\n", "autoscaling:\n  enabled: true\n", {"api-versions": ["keda.sh/v1alpha1"]},
+     "scale-down must remove at most one pod per period"),
 ]
 
 
@@ -700,7 +508,7 @@ def plant(chart_copy, name):
     entry = next((p for p in PLANTED if p[0] == name), None)
     if entry is None:
         raise SystemExit(f"unknown planted error {name!r}; known: {[p[0] for p in PLANTED]}")
-    _, rel, old, new, values, expect = entry
+    _, rel, old, new, values, headers, expect = entry
     path = os.path.join(chart_copy, rel)
     with open(path) as f:
         text = f.read()
@@ -713,7 +521,9 @@ def plant(chart_copy, name):
         vfile = os.path.join(chart_copy, "..", f"planted-{name}.yaml")
         with open(vfile, "w") as f:
             f.write(values)
-    return vfile, expect
+    h = {"kube-version": None, "api-versions": [], "external": []}
+    h.update(headers)
+    return vfile, h, expect
 
 
 def cmd_planted(args):
@@ -723,9 +533,11 @@ def cmd_planted(args):
         try:
             chart_copy = os.path.join(tmp, "echokv")
             shutil.copytree(args.chart, chart_copy)
-            vfile, expect = plant(chart_copy, name)
-            headers = {"kube-version": None, "api-versions": [], "external": []}
-            errors, _ = run_case(args.renderer, chart_copy, [vfile] if vfile else [], headers, name)
+            vfile, headers, expect = plant(chart_copy, name)
+            values = [vfile] if vfile else []
+            errors, by_kind, out = run_case(args.renderer, chart_copy, values, headers, name)
+            if by_kind is not None and not errors:
+                check_scaling_keeps_gateway(args.renderer, chart_copy, values, headers, by_kind, out, errors, name)
             msgs = "\n  ".join(errors.items)
             if not errors:
                 failed += 1
@@ -746,18 +558,26 @@ def cmd_render(args):
     try:
         chart = args.chart
         values = list(args.values)
+        headers = {"kube-version": args.kube_version, "api-versions": list(args.api_versions),
+                   "external": list(args.external)}
         if args.plant:
             chart = os.path.join(tmp, "echokv")
             shutil.copytree(args.chart, chart)
-            vfile, _ = plant(chart, args.plant)
+            vfile, h, _ = plant(chart, args.plant)
             if vfile:
                 values.append(vfile)
-        headers = {"kube-version": args.kube_version, "api-versions": args.api_versions,
-                   "external": args.external}
+            headers["external"] += h["external"]
+            headers["api-versions"] += h["api-versions"]
         for v in args.values:
             h = read_headers(v)
             headers["external"] += h["external"]
-        errors, by_kind = run_case(args.renderer, chart, values, headers, "render")
+            headers["api-versions"] += h["api-versions"]
+            headers["kube-version"] = headers["kube-version"] or h["kube-version"]
+        errors, by_kind, out = run_case(args.renderer, chart, values, headers, "render")
+        if by_kind is not None and not errors:
+            check_scaling_keeps_gateway(args.renderer, chart, values, headers, by_kind, out, errors, "render")
+        if args.print and out:
+            print(out)
         if errors:
             print("FAIL:\n  " + "\n  ".join(errors.items))
             return 1
@@ -775,14 +595,17 @@ def main():
     sub.add_parser("cases")
     sub.add_parser("schema")
     sub.add_parser("planted")
+    sub.add_parser("alerts")
     r = sub.add_parser("render")
     r.add_argument("-f", "--values", action="append", default=[])
     r.add_argument("--kube-version")
     r.add_argument("--api-versions", action="append", default=[])
     r.add_argument("--external", action="append", default=[], help="Kind/name that exists outside the chart")
     r.add_argument("--plant", help="apply one planted error first (the check must then fail)")
+    r.add_argument("--print", action="store_true", help="print the manifests too")
     args = p.parse_args()
-    return {"cases": cmd_cases, "schema": cmd_schema, "planted": cmd_planted, "render": cmd_render}[args.cmd](args)
+    return {"cases": cmd_cases, "schema": cmd_schema, "planted": cmd_planted, "alerts": cmd_alerts,
+            "render": cmd_render}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -29,10 +29,32 @@ KUBE_API_OF_MODELS = "1.22"
 # model -> {json field: (type string, added in)} for fields the 1.22 models lack.
 NEWER_FIELDS = {
     "V1Probe": {"grpc": ("V1GRPCAction", "1.27 (GA; beta from 1.24)")},
+    # Native sidecars: an init container with restartPolicy Always runs beside the
+    # main containers and stops after them (beta and on by default from 1.29).
+    "V1Container": {"restartPolicy": ("str", "1.29 (beta, on by default; GA 1.33)")},
+    "V1StatefulSetSpec": {"persistentVolumeClaimRetentionPolicy": (
+        "V1StatefulSetPersistentVolumeClaimRetentionPolicy", "1.27 (beta, on by default; GA 1.32)")},
 }
 # Models newer than 1.22: json field -> (type string, required).
 NEWER_MODELS = {
     "V1GRPCAction": {"port": ("int", True), "service": ("str", False)},
+    "V1StatefulSetPersistentVolumeClaimRetentionPolicy": {
+        "whenScaled": ("str", False), "whenDeleted": ("str", False)},
+}
+# Enum values of the newer fields above (the models do not check enums).
+NEWER_ENUMS = {
+    ("V1Container", "restartPolicy"): {"Always"},
+    ("V1StatefulSetPersistentVolumeClaimRetentionPolicy", "whenScaled"): {"Retain", "Delete"},
+    ("V1StatefulSetPersistentVolumeClaimRetentionPolicy", "whenDeleted"): {"Retain", "Delete"},
+}
+# autoscaling/v2 (GA in 1.23) has the fields of v2beta2, which the 1.22 models carry:
+# its objects are checked against those models.
+MODEL_ALIASES = {"V2HorizontalPodAutoscaler": "V2beta2HorizontalPodAutoscaler"}
+# Custom resources: checked against a JSON schema of this folder instead.
+CRD_SCHEMAS = {
+    "ServiceMonitor": "servicemonitor.schema.json",
+    "PrometheusRule": "prometheusrule.schema.json",
+    "ScaledObject": "scaledobject.schema.json",
 }
 
 # Fields whose model type is str but whose API type is resource.Quantity, which
@@ -71,7 +93,8 @@ def model_class(obj):
     """apiVersion + kind -> the python3-kubernetes model class name, e.g.
     apps/v1 StatefulSet -> V1StatefulSet."""
     version = obj.get("apiVersion", "").split("/")[-1]
-    return version[:1].upper() + version[1:] + obj.get("kind", "")
+    name = version[:1].upper() + version[1:] + obj.get("kind", "")
+    return MODEL_ALIASES.get(name, name)
 
 
 def _json_fields(cls_name):
@@ -174,6 +197,9 @@ def walk(value, type_str, path, errors, where, owner=None, field=None):
             errors.add(where, f"{path}.{k}: unknown field of {type_str}{hint}")
             continue
         walk(v, fields[k], f"{path}.{k}", errors, where, owner=type_str, field=k)
+        allowed = NEWER_ENUMS.get((type_str, k))
+        if allowed is not None and v not in allowed:
+            errors.add(where, f"{path}.{k}: {v!r} is not one of {sorted(allowed)}")
     if type_str in NEWER_MODELS:
         for k, (_, required) in NEWER_MODELS[type_str].items():
             if required and k not in value:
@@ -325,8 +351,8 @@ def check_objects(objects, errors, external_names=()):
             errors.add(where, "rendered twice")
         seen.add(key)
         by_kind.setdefault(obj["kind"], []).append((where, obj))
-        if obj["kind"] == "ServiceMonitor":
-            continue  # a CRD: checked against servicemonitor.schema.json
+        if obj["kind"] in CRD_SCHEMAS:
+            continue  # a custom resource: checked against its schema (check_chart.py)
         check_typed(obj, errors, where)
         name_re = DNS1035_LABEL if obj["kind"] == "Service" else DNS1123_SUBDOMAIN
         if not name_re.match(name) or len(name) > (63 if obj["kind"] == "Service" else 253):
@@ -388,8 +414,10 @@ def check_objects(objects, errors, external_names=()):
             pods.append((where, labels, spec, kind, obj))
 
     def container_ports(spec):
-        return {p.get("name"): p.get("containerPort")
-                for c in spec.get("containers", []) or [] for p in c.get("ports", []) or []}
+        # Main containers and native sidecars (init containers that keep running).
+        running = (spec.get("containers", []) or []) + [
+            c for c in spec.get("initContainers", []) or [] if c.get("restartPolicy") == "Always"]
+        return {p.get("name"): p.get("containerPort") for c in running for p in c.get("ports", []) or []}
 
     for where, svc in by_kind.get("Service", []):
         sel = svc["spec"].get("selector")
@@ -406,6 +434,10 @@ def check_objects(objects, errors, external_names=()):
                 errors.add(where, f"port {p.get('name')}: targetPort {tp!r} names no container port")
             if not 1 <= p.get("port", 0) <= 65535:
                 errors.add(where, f"port {p.get('name')}: port out of range")
+    for where, cm in by_kind.get("ConfigMap", []):
+        size = sum(len(str(v).encode()) for v in (cm.get("data") or {}).values())
+        if size > 1048576:
+            errors.add(where, f"data holds {size} bytes: a ConfigMap holds at most 1 MiB (1048576)")
     for kind in ("PodDisruptionBudget", "NetworkPolicy"):
         for where, obj in by_kind.get(kind, []):
             sel = (obj["spec"].get("selector") or obj["spec"].get("podSelector") or {}).get("matchLabels")

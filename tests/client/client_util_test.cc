@@ -227,5 +227,20 @@ TEST(LoadCredentialsTest, TokensAndTlsFilesAndTheirConflicts) {
   EXPECT_THAT(LoadCredentials(f, nullptr).status().message(), ::testing::HasSubstr("--tls_key: "));
 }
 
+TEST(LoadCredentialsTest, ServerNameOnlyWithTls) {
+  const std::string dir = ::testing::TempDir() + "/echokv_cli_server_name";
+  std::filesystem::create_directories(dir);
+  CredentialFlags f;
+  f.tls_server_name = "echokv.ns.svc";
+  EXPECT_THAT(LoadCredentials(f, nullptr).status().message(), ::testing::HasSubstr("--tls_server_name needs TLS"));
+  f.tls_ca = dir + "/ca.pem";
+  std::ofstream(*f.tls_ca) << "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n";
+  absl::StatusOr<Credentials> c = LoadCredentials(f, nullptr);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->server_name, "echokv.ns.svc");
+  f.tls_server_name = "";
+  EXPECT_THAT(LoadCredentials(f, nullptr).status().message(), ::testing::HasSubstr("--tls_server_name: empty"));
+}
+
 }  // namespace
 }  // namespace echokv::client

@@ -85,13 +85,15 @@ class _AsyncServerStream:
     async def messages(self):
         client = self._client
         address = client._address(self._session_id, self._replica)
-        redirected = False
+        # Before its first message a cut stream changed nothing (the server undoes an
+        # unfinished turn), so it may walk on UNAVAILABLE too.
+        walk = client._walk(self._session_id, address, True)
         while True:
             if self._cancelled:
                 raise errors.Cancelled("cancelled by the client", grpc.StatusCode.CANCELLED)
             _, stub, _ = client._channels.get(address)
             call = getattr(stub, self._method)(self._request, timeout=self._timeout,
-                                               metadata=client._metadata(self._session_id))
+                                               metadata=client._metadata(self._session_id, walk.fallback))
             self._call = call
             self.address = address
             received = False
@@ -120,6 +122,8 @@ class _AsyncServerStream:
                     if message is grpc.aio.EOF:
                         finished = True
                         return
+                    if not received:
+                        walk.found(address)
                     received = True
                     yield message
             except grpc.RpcError as e:
@@ -130,10 +134,11 @@ class _AsyncServerStream:
                 if not finished:
                     call.cancel()
             if not received:
-                owner_address = client._redirect(error, self._session_id, address, redirected)
-                if owner_address is not None:
-                    address, redirected = owner_address, True
+                next_address = walk.next(error)
+                if next_address is not None:
+                    address = next_address
                     continue
+                error = walk.final(error)
             raise error
 
 
@@ -291,25 +296,29 @@ class AsyncClient(ClientBase):
             address = self._address(session_id, replica)
         policy = self._retry if idempotent else NO_RETRY
         attempt = 0
-        redirected = False
+        start = address
+        walk = self._walk(session_id, address, idempotent)
         while True:
             attempt += 1
             _, stub, health_stub = self._channels.get(address)
             rpc = getattr(health_stub if health else stub, method)
             try:
                 response = await rpc(request, timeout=deadline,
-                                     metadata=self._metadata(session_id))
+                                     metadata=self._metadata(session_id, walk.fallback))
+                walk.found(address)
                 return response, address
             except grpc.RpcError as e:
                 error = errors.error_from_rpc(e)
-            owner_address = self._redirect(error, session_id, address, redirected)
-            if owner_address is not None:
-                address, redirected = owner_address, True
-                attempt -= 1
+            next_address = walk.next(error)
+            if next_address is not None:
+                address = next_address
+                attempt -= 1  # a step of the walk is not a retry
                 continue
+            error = walk.final(error)
             delay = self._retry_delay(policy, method, attempt, error)
             if delay is None:
                 raise error
+            address, walk = start, self._walk(session_id, start, idempotent)
             await asyncio.sleep(delay)
 
     def _stream(self, method, request, session_id, timeout, idle_timeout, replica=None):

@@ -134,13 +134,15 @@ class _ServerStream:
     def messages(self):
         client = self._client
         address = client._address(self._session_id, self._replica)
-        redirected = False
+        # Before its first message a cut stream changed nothing (the server undoes an
+        # unfinished turn), so it may walk on UNAVAILABLE too.
+        walk = client._walk(self._session_id, address, True)
         while True:
             if self._cancelled:
                 raise errors.Cancelled("cancelled by the client", grpc.StatusCode.CANCELLED)
             _, stub, _ = client._channels.get(address)
             call = getattr(stub, self._method)(self._request, timeout=self._timeout,
-                                               metadata=client._metadata(self._session_id))
+                                               metadata=client._metadata(self._session_id, walk.fallback))
             self._call = call
             self.address = address
             watchdog = _IdleWatchdog(call, self._idle) if self._idle is not None else None
@@ -160,6 +162,8 @@ class _ServerStream:
                     finally:
                         if watchdog is not None:
                             watchdog.disarm()
+                    if not received:
+                        walk.found(address)
                     received = True
                     yield message
             except grpc.RpcError as e:
@@ -178,10 +182,11 @@ class _ServerStream:
                 if not finished:  # the consumer stopped early (break, close, GC)
                     call.cancel()
             if not received:
-                owner_address = client._redirect(error, self._session_id, address, redirected)
-                if owner_address is not None:
-                    address, redirected = owner_address, True
+                next_address = walk.next(error)
+                if next_address is not None:
+                    address = next_address
                     continue
+                error = walk.final(error)
             raise error
 
 
@@ -318,6 +323,10 @@ class Client(ClientBase):
         with `replicas` or `headless_service`.
       replicas: {"echokv-0": "host:port", ...}: the address of each owner replica.
       headless_service, port: derive an owner's address as "<name>.<headless>:<port>".
+      gateway: True when `target` is the Helm chart's Envoy gateway: a call about a
+        session its owner pod cannot answer for (gone after a scale-down, or not
+        holding it) is sent once more with `x-echokv-fallback: heirs`, and the gateway
+        tries the owner's heirs, where the scale-down drain moved its sessions.
       timeout: unary deadline in seconds (default 30; None = none), per attempt.
       stream_timeout: whole-stream deadline (default None: a long prefill is not cut).
       stream_idle_timeout: longest wait for a stream's next message (default 300 s).
@@ -356,23 +365,28 @@ class Client(ClientBase):
             address = self._address(session_id, replica)
         policy = self._retry if idempotent else NO_RETRY
         attempt = 0
-        redirected = False
+        start = address
+        walk = self._walk(session_id, address, idempotent)
         while True:
             attempt += 1
             _, stub, health_stub = self._channels.get(address)
             rpc = getattr(health_stub if health else stub, method)
             try:
-                return rpc(request, timeout=deadline, metadata=self._metadata(session_id)), address
+                response = rpc(request, timeout=deadline, metadata=self._metadata(session_id, walk.fallback))
+                walk.found(address)
+                return response, address
             except grpc.RpcError as e:
                 error = errors.error_from_rpc(e)
-            owner_address = self._redirect(error, session_id, address, redirected)
-            if owner_address is not None:
-                address, redirected = owner_address, True
-                attempt -= 1  # the redirect is not a retry
+            next_address = walk.next(error)
+            if next_address is not None:
+                address = next_address
+                attempt -= 1  # a step of the walk is not a retry
                 continue
+            error = walk.final(error)
             delay = self._retry_delay(policy, method, attempt, error)
             if delay is None:
                 raise error
+            address, walk = start, self._walk(session_id, start, idempotent)
             time.sleep(delay)
 
     def _stream(self, method, request, session_id, timeout, idle_timeout, replica=None):

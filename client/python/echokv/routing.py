@@ -17,17 +17,41 @@ or an explicit map (tests, a fixed fleet): ``Router(replicas={"echokv-0": "10.0.
   ``dns:///<headless>:<port>`` with gRPC's round_robin balancing over its pods.
 * Every request for a session carries the ``x-echokv-session: <id>`` metadata, so a
   gateway in front (Envoy, issue 11) can route on it too.
+* After a scale-down a session may live on an *heir* of its owner (the drain of
+  ``echokv-cli drain`` moves the sessions of pod ``name-j`` to the first remaining of
+  ``name-(j/2)``, ``name-(j/4)``, ..., ``name-0``, ids kept): ``chain(id)`` lists the
+  owner's and its heirs' addresses in that order, for the client to walk when the owner
+  answers NOT_FOUND or cannot be reached. Through a gateway (no replica addresses) the
+  walk is one more call with ``x-echokv-fallback: heirs``, and the gateway walks them.
 """
 
 import collections
 import itertools
+import re
 import threading
 
 from .types import SESSION_ID_RE, session_owner
 
-__all__ = ["Router", "SESSION_METADATA"]
+__all__ = ["Router", "SESSION_METADATA", "FALLBACK_METADATA", "heir_names"]
 
 SESSION_METADATA = "x-echokv-session"
+FALLBACK_METADATA = ("x-echokv-fallback", "heirs")
+_ORDINAL_RE = re.compile(r"^(.+)-([0-9]+)$")
+
+
+def heir_names(owner):
+    """``"echokv-5"`` -> ``["echokv-2", "echokv-1", "echokv-0"]``: the pods a scale-down
+    drain may have moved its sessions to, in the order they are tried ([] for a name
+    without an ordinal)."""
+    m = _ORDINAL_RE.match(owner or "")
+    if not m:
+        return []
+    base, j = m.group(1), int(m.group(2))
+    out = []
+    while j > 0:
+        j //= 2
+        out.append("%s-%d" % (base, j))
+    return out
 
 
 class Router:
@@ -60,6 +84,7 @@ class Router:
         self._next = itertools.count()
         self._lock = threading.Lock()
         self._learned = collections.OrderedDict()  # session id -> address
+        self._fallback = collections.OrderedDict()  # session ids found through a gateway's heirs
 
     @property
     def targets(self):
@@ -111,3 +136,31 @@ class Router:
     def forget(self, session_id):
         with self._lock:
             self._learned.pop(session_id, None)
+            self._fallback.pop(session_id, None)
+
+    def chain(self, session_id):
+        """The addresses of the id's owner and its heirs, in walking order; None when
+        this router cannot address replicas (a gateway or a plain Service: the walk
+        is then the gateway's, asked for with FALLBACK_METADATA)."""
+        owner = session_owner(session_id)
+        if owner is None or self.for_replica(owner) is None:
+            return None
+        out = []
+        for name in [owner] + heir_names(owner):
+            address = self.for_replica(name)
+            if address is not None and address not in out:
+                out.append(address)
+        return out
+
+    def learn_fallback(self, session_id):
+        """Remembers that a session was found through a gateway's heirs: its calls then
+        carry FALLBACK_METADATA from the start."""
+        with self._lock:
+            self._fallback[session_id] = True
+            self._fallback.move_to_end(session_id)
+            while len(self._fallback) > self.LEARNED_CAPACITY:
+                self._fallback.popitem(last=False)
+
+    def uses_fallback(self, session_id):
+        with self._lock:
+            return session_id in self._fallback
