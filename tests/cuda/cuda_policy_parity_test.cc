@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <set>
 #include <string>
@@ -52,6 +53,7 @@ std::vector<ModelCase> Cases() {
 }
 
 std::string CaseName(const ::testing::TestParamInfo<ModelCase>& info) { return info.param.name; }
+void PrintTo(const ModelCase& c, std::ostream* os) { *os << c.name; }
 
 double MaxRel(const at::Tensor& got, const at::Tensor& want) {
   at::Tensor g = got.to(at::kCPU, at::kDouble), w = want.to(at::kCPU, at::kDouble);
