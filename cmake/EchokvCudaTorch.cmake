@@ -101,3 +101,10 @@ foreach(target c10 c10_cuda torch_cpu torch_cuda torch)
     set_property(TARGET ${target} PROPERTY INTERFACE_INCLUDE_DIRECTORIES "${TORCH_INCLUDE_DIRS}")
   endif()
 endforeach()
+
+# The wheel's libtorch.so, libtorch_cpu.so and libc10.so export their own copies of
+# libstdc++'s std::filesystem (linked in statically by PyTorch's toolchain), which would
+# win over libstdc++.so for our calls too: std::filesystem::remove_all jumped to a null
+# address from model_config_test. libstdc++ is made the first library every binary
+# needs, so the dynamic linker finds its definitions first.
+add_link_options("LINKER:--push-state,--no-as-needed" "-lstdc++" "LINKER:--pop-state")

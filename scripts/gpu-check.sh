@@ -16,7 +16,8 @@
 # then one summary table. Logs go to $OUT (the device tool's folder) or gpu-check-out/.
 #   scripts/gpu-check.sh                      # exit 0: every stage passed
 #   ECHOKV_GPU_CHECK_STAGES="gpu versions unpack configure build" scripts/gpu-check.sh
-# Environment (for tests on a CPU machine): ECHOKV_GPU_CARRY (the carried folder),
+# Environment (for tests on a CPU machine): ECHOKV_GPU_CHECK_BUDGET (seconds for the
+# whole check, default 470; each stage also has its own limit), ECHOKV_GPU_CARRY (the carried folder),
 # ECHOKV_GPU_PREFIX (where the .debs go, default /tmp/echokv-prefix), ECHOKV_GPU_BUILD_DIR
 # (default build-cuda), ECHOKV_TORCH_CMAKE_PREFIX (default: python3's torch),
 # ECHOKV_GPU_CHECK_STAGES (stages to run; "gpu" first unless ECHOKV_GPU_CHECK_NO_GPU=1).
@@ -31,6 +32,8 @@ PFX="${ECHOKV_GPU_PREFIX:-/tmp/echokv-prefix}"
 BUILD="${ECHOKV_GPU_BUILD_DIR:-build-cuda}"
 STAGES="${ECHOKV_GPU_CHECK_STAGES:-gpu versions unpack configure build tests memcheck bench}"
 JOBS="$(nproc)"
+# The whole check's time (the issue's 8 minutes, with room for the device tool's 10).
+BUDGET="${ECHOKV_GPU_CHECK_BUDGET:-470}"
 LIBDIR="$PFX/usr/lib/x86_64-linux-gnu"
 TARGETS="cuda_kernels_test cuda_policy_parity_test echokv-make-test-model echokv-bench-cuda"
 export ROOT LOGS CARRY PFX BUILD JOBS LIBDIR TARGETS
@@ -43,6 +46,14 @@ stage() {
   local name="$1" limit="$2" log="$3"
   shift 3
   local t=$(date +%s) rc
+  # Never past the whole check's budget: the summary must still print.
+  local left=$((T0 + BUDGET - t))
+  ((limit > left)) && limit=$left
+  if ((limit < 5)); then
+    SUMMARY+=("$(printf '%-10s %-8s %5ss  %s' "$name" "SKIPPED" 0 "no time left of the ${BUDGET} s budget")")
+    failed=1
+    return 1
+  fi
   echo "=== $name (limit ${limit}s) ===" >>"$LOGS/$log"
   # The stages are functions of this script: timeout runs them in a child bash
   # (export -f below), where a time-out kills the whole stage.
