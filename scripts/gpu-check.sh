@@ -32,6 +32,8 @@ PFX="${ECHOKV_GPU_PREFIX:-/tmp/echokv-prefix}"
 BUILD="${ECHOKV_GPU_BUILD_DIR:-build-cuda}"
 STAGES="${ECHOKV_GPU_CHECK_STAGES:-gpu versions unpack configure build tests memcheck bench}"
 JOBS="$(nproc)"
+# nvcc where the CUDA images keep it, when it is not on PATH already.
+if ! command -v nvcc >/dev/null 2>&1 && [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH="$PATH:/usr/local/cuda/bin"; fi
 # The whole check's time (the 8 minutes, with room for the device tool's 10).
 BUDGET="${ECHOKV_GPU_CHECK_BUDGET:-470}"
 LIBDIR="$PFX/usr/lib/x86_64-linux-gnu"

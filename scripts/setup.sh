@@ -62,7 +62,7 @@ install_cuda_torch() {
   mkdir -p "$prefix"
   # --target installs outside any environment (PEP 668 allows it; the variable is for
   # Debian's pip, which asks for it anyway).
-  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-deps --no-compile --disable-pip-version-check \
+  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-deps --no-compile --disable-pip-version-check --root-user-action=ignore \
     --target "$prefix" "${TORCH_CUDA_WHEELS[@]}"
   echo "${TORCH_CUDA_WHEELS[*]}" >"$marker"
 }
