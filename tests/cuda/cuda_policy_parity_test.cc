@@ -10,7 +10,8 @@
 //   kept positions per layer and group: equal, except an index whose CPU score is
 //     within 1e-5 * |s_k| of the k-th kept score s_k (a near-tie float32 order can flip);
 //   the lookahead policies' greedy lookahead tokens: equal;
-//   64 greedy tokens on the compact caches: equal (when the kept sets are equal).
+//   64 greedy tokens on the compact caches: equal, up to a first token that was a
+//     near-tie of the CPU's logits (top two within 1e-5 of their magnitude).
 // bfloat16 / float16 (the model on CUDA in that dtype against the CPU in float32):
 //   prefill logits max |diff| <= 5e-2 (bf16) / 1e-2 (fp16) of max |cpu|;
 //   mean kept-set overlap per group >= 0.80 (bf16) / 0.90 (fp16).
@@ -22,6 +23,7 @@
 #include <ostream>
 #include <random>
 #include <set>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -135,17 +137,20 @@ class CudaPolicyParityTest : public ::testing::TestWithParam<ModelCase> {
     return run;
   }
 
+  // n greedy tokens from `logits` on; *seen receives the logits each token was taken
+  // from (the prefill's first).
   std::vector<int> Greedy(const model::Transformer& m, const at::Tensor& logits, model::KvCache* cache, int n,
-                          at::Tensor* first_logits) {
+                          std::vector<at::Tensor>* seen) {
     std::vector<int> out;
-    int token = internal::GreedyToken(logits);
+    at::Tensor current = logits;
     for (int i = 0; i < n; ++i) {
+      const int token = internal::GreedyToken(current);
       out.push_back(token);
+      seen->push_back(current);
       auto step = m.Decode(token, cache);
       EXPECT_TRUE(step.ok()) << step.status();
       if (!step.ok()) break;
-      if (i == 0 && first_logits != nullptr) *first_logits = step->logits;
-      token = internal::GreedyToken(step->logits);
+      current = step->logits;
     }
     return out;
   }
@@ -231,12 +236,25 @@ TEST_P(CudaPolicyParityTest, Float32KeepsTheCpuPositionsAndGreedyTokens) {
     // still compare the decode paths.
     ASSERT_OK_AND_ASSIGN(model::KvCache cb,
                          model::KvCache::Gather(b.cache, differing == 0 ? b.result.indices : a.result.indices));
-    at::Tensor la, lb;
+    std::vector<at::Tensor> la, lb;
     const std::vector<int> ta = Greedy(*cpu_, a.pre.logits, &ca, 64, &la);
     const std::vector<int> tb = Greedy(*gpu, b.pre.logits, &cb, 64, &lb);
-    EXPECT_EQ(ta, tb) << "greedy continuations differ (" << differing << " near-tie indices differed)";
-    ASSERT_TRUE(la.defined() && lb.defined());
-    EXPECT_LT(MaxRel(lb, la), 1e-4);
+    ASSERT_EQ(ta.size(), 64u);
+    ASSERT_EQ(tb.size(), 64u);
+    ASSERT_GE(la.size(), 2u);
+    EXPECT_LT(MaxRel(lb[1], la[1]), 1e-4);  // the first decode step's logits
+    // Equal tokens; the one exception a float32 order allows: the first differing token
+    // was a near-tie of the CPU's logits (its top two within 1e-5 of their magnitude),
+    // after which the continuations are no longer comparable.
+    for (size_t t = 0; t < ta.size(); ++t) {
+      if (ta[t] == tb[t]) continue;
+      at::Tensor top = std::get<0>(at::topk(la[t].to(at::kDouble), 2));
+      const double margin = (top[0] - top[1]).item<double>();
+      EXPECT_LE(margin, 1e-5 * std::fabs(top[0].item<double>()) + 1e-9)
+          << "greedy token " << t << " differs: CPU " << ta[t] << ", CUDA " << tb[t] << ", CPU top-2 margin " << margin
+          << " (" << differing << " near-tie indices differed)";
+      break;
+    }
   }
 }
 
