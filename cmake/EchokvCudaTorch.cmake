@@ -16,6 +16,11 @@
 #    policy CMP0104 OLD so that CMake leaves CMAKE_CUDA_ARCHITECTURES undefined.
 #  - The CUDA runtime is linked shared: the one libcudart.so that LibTorch uses.
 cmake_policy(SET CMP0104 OLD)
+# Caffe2's cuda.cmake still calls the FindCUDA module, which CMake 3.27+ (the GPU
+# machine's pip cmake) keeps only under CMP0146's OLD behaviour.
+if(POLICY CMP0146)
+  cmake_policy(SET CMP0146 OLD)
+endif()
 set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
 if(NOT DEFINED TORCH_CUDA_ARCH_LIST)
   # Caffe2 would otherwise try to detect a GPU at configure time (CI has none).
