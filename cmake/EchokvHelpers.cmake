@@ -22,7 +22,7 @@ endfunction()
 
 # echokv_cc_test(NAME <name> SRCS ... DEPS ... LABELS ... [TIMEOUT s])
 # A GoogleTest binary registered with ctest under the given labels
-# (unit, integration, model, slow, gpu). Tests needing real data read
+# (unit, integration, model, slow, cuda). Tests needing real data read
 # $ECHOKV_TEST_DATA and GTEST_SKIP() with a clear message when it is unset.
 # The verdict is the exit code of tests/testing/gtest_main.cc alone: 0 passed, 77
 # skipped (nothing failed, something skipped, each reason printed), anything else failed.

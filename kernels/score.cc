@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -153,11 +154,22 @@ at::Tensor AttentionScoresCpu(const at::Tensor& queries, const at::Tensor& keys,
   return out;
 }
 
+std::atomic<const DeviceScoreKernels*> g_device_kernels{nullptr};
+
 }  // namespace
+
+void RegisterDeviceScoreKernels(const DeviceScoreKernels* kernels) { g_device_kernels.store(kernels); }
 
 at::Tensor AttentionScores(const at::Tensor& queries, const at::Tensor& keys,
                            const ScoreOptions& options) {
   CheckInputs(queries, keys, options);
+  if (keys.is_cuda()) {
+    const DeviceScoreKernels* device = g_device_kernels.load();
+    at::Tensor out;
+    if (device != nullptr && device->attention_scores != nullptr && device->attention_scores(queries, keys, options, &out)) {
+      return out;
+    }
+  }
   if (queries.device().is_cpu() && keys.device().is_cpu() && queries.scalar_type() == at::kFloat &&
       keys.scalar_type() == at::kFloat) {
     return AttentionScoresCpu(queries, keys, options);
@@ -283,6 +295,13 @@ at::Tensor TopKIndices(const at::Tensor& scores, int64_t k) {
   const int64_t rows = scores.size(0);
   const int64_t n = scores.size(1);
   const int64_t kk = std::min(k, n);
+  if (scores.is_cuda()) {
+    const DeviceScoreKernels* device = g_device_kernels.load();
+    at::Tensor on_device;
+    if (device != nullptr && device->top_k_indices != nullptr && device->top_k_indices(scores, k, &on_device)) {
+      return on_device.to(at::kCPU);
+    }
+  }
   at::Tensor out = at::empty({rows, kk}, at::TensorOptions().dtype(at::kLong));
   if (rows == 0 || kk == 0) return out;
   if (kk == n) return at::arange(n, at::kLong).unsqueeze(0).repeat({rows, 1});

@@ -57,6 +57,18 @@ at::Tensor MaxPool1d(const at::Tensor& x, int64_t kernel);
 // returned as [G, min(k, L)] int64 CPU, sorted ascending.
 at::Tensor TopKIndices(const at::Tensor& scores, int64_t k);
 
+// Device implementations of AttentionScores and TopKIndices, registered by a library
+// that has them (kernels/cuda/ops.h's RegisterScoreKernels in the CUDA build): the
+// functions above then call them for CUDA inputs, with the same contract. Each returns
+// false, leaving *out alone, for inputs it does not take (the ATen path runs instead).
+struct DeviceScoreKernels {
+  bool (*attention_scores)(const at::Tensor& queries, const at::Tensor& keys, const ScoreOptions& options,
+                           at::Tensor* out) = nullptr;
+  bool (*top_k_indices)(const at::Tensor& scores, int64_t k, at::Tensor* out) = nullptr;
+};
+// `kernels` must outlive every later call (a static); null unregisters.
+void RegisterDeviceScoreKernels(const DeviceScoreKernels* kernels);
+
 }  // namespace echokv::kernels
 
 #endif  // ECHOKV_KERNELS_SCORE_H_

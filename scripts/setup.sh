@@ -9,8 +9,21 @@
 # the checkout, git-ignored): both checksums are verified; offline it says so and goes
 # on (the binaries fall back to the embedded stories260K; the tests that need the real
 # model then fail in CI, they never skip there). ECHOKV_SKIP_MODEL=1 skips the fetch.
+#   scripts/setup.sh --cuda     # the CUDA build in build-cuda/ (docs/ARCHITECTURE.md)
+#   ECHOKV_CUDA_TARGETS="echokv-server cuda_kernels_test" scripts/setup.sh --cuda  # some targets
+# --cuda also installs PyPI's torch==2.11.0 (CUDA 13.0 build: LibTorch's headers,
+# libraries and CMake config) with pip --no-deps into .cache/torch-cu130 (git-ignored;
+# ECHOKV_TORCH_CUDA_PREFIX moves it), plus the three libraries LibTorch links that the
+# CUDA 13.0 toolkit lacks (cuSPARSELt, NVSHMEM, cuFile), and builds against them with the
+# toolkit's nvcc (/usr/local/cuda). Nothing of it runs without a GPU; CI compiles and
+# links it (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+cuda=0
+if [[ "${1:-}" == "--cuda" ]]; then
+  cuda=1
+  shift
+fi
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
@@ -88,14 +101,49 @@ PY
 if [[ -z "${ECHOKV_SKIP_MODEL:-}" ]]; then
   fetch_default_model
 fi
+# The CUDA build's LibTorch: the pinned wheels, unpacked once per prefix.
+TORCH_CUDA_WHEELS=(torch==2.11.0 nvidia-cusparselt-cu13==0.8.0 nvidia-nvshmem-cu13==3.4.5 nvidia-cufile==1.15.1.6)
+install_cuda_torch() {
+  local prefix="$1" marker="$1/.echokv-wheels"
+  if [[ -f "$marker" && "$(cat "$marker")" == "${TORCH_CUDA_WHEELS[*]}" ]]; then
+    return 0
+  fi
+  echo "setup: installing ${TORCH_CUDA_WHEELS[*]} (pip --no-deps) into $prefix" >&2
+  rm -rf "$prefix"
+  mkdir -p "$prefix"
+  # --target installs outside any environment (PEP 668 allows it; the variable is for
+  # Debian's pip, which asks for it anyway).
+  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-deps --no-compile --disable-pip-version-check --root-user-action=ignore \
+    --target "$prefix" "${TORCH_CUDA_WHEELS[@]}"
+  echo "${TORCH_CUDA_WHEELS[*]}" >"$marker"
+}
 
 BUILD_DIR="${ECHOKV_BUILD_DIR:-build}"
+CMAKE_ARGS="${ECHOKV_CMAKE_ARGS:-}"
+TARGETS=()
+if ((cuda)); then
+  BUILD_DIR="${ECHOKV_BUILD_DIR:-build-cuda}"
+  NVCC="${CUDACXX:-/usr/local/cuda/bin/nvcc}"
+  if [[ ! -x "$NVCC" ]]; then
+    echo "setup: --cuda needs the CUDA 13.0 toolkit's nvcc at $NVCC (or CUDACXX)" >&2
+    exit 1
+  fi
+  TORCH_PREFIX="${ECHOKV_TORCH_CUDA_PREFIX:-$PWD/.cache/torch-cu130}"
+  install_cuda_torch "$TORCH_PREFIX"
+  CMAKE_ARGS="-DECHOKV_CUDA=ON -DCMAKE_CUDA_COMPILER=$NVCC -DCMAKE_PREFIX_PATH=$TORCH_PREFIX/torch/share/cmake $CMAKE_ARGS"
+  # shellcheck disable=SC2206
+  TARGETS=(${ECHOKV_CUDA_TARGETS:-})
+fi
 JOBS="${ECHOKV_JOBS:-$(nproc)}"
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   # ECHOKV_CMAKE_ARGS: extra configure arguments of a new build dir (test.sh --sanitize).
   # shellcheck disable=SC2086
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${ECHOKV_CMAKE_ARGS:-}
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release $CMAKE_ARGS
 fi
-echo "setup: building in $BUILD_DIR with $JOBS jobs (first build takes several minutes)" >&2
-cmake --build "$BUILD_DIR" -j "$JOBS"
+echo "setup: building ${TARGETS[*]:-everything} in $BUILD_DIR with $JOBS jobs (first build takes several minutes)" >&2
+if ((${#TARGETS[@]})); then
+  cmake --build "$BUILD_DIR" -j "$JOBS" --target "${TARGETS[@]}"
+else
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+fi
 echo "setup: done; binaries in $BUILD_DIR/bin" >&2

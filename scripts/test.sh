@@ -48,6 +48,9 @@ cd "${ECHOKV_BUILD_DIR:-build}"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 selection=()
+# Tests labelled `cuda` (the CUDA build's, tests/cuda) need a GPU: never part of a plain
+# run (a CPU build has none; scripts/gpu-check.sh runs them with -L cuda).
+if (($# == 0)); then selection=(-LE '^cuda$'); fi
 if ((sanitize)) && (($# == 0)); then
   selection=(-L '^(unit|integration)$' -E "${ECHOKV_SANITIZE_EXCLUDE:-^(deploy_.*|python_client_pip_install|python_client_stubs_fresh|server_crash_restart_test)\$}")
 fi
