@@ -8,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/echo.h"
 #include "server/state/session_id.h"
 
 namespace echokv::server {
@@ -79,21 +80,7 @@ absl::string_view SessionIdOwner(absl::string_view id) {
   return id.substr(0, id.size() - 33);
 }
 
-std::string EscapedIdPrefix(absl::string_view id) {
-  constexpr size_t kMax = 40;
-  std::string out = "'";
-  for (size_t i = 0; i < id.size() && i < kMax; ++i) {
-    const unsigned char c = static_cast<unsigned char>(id[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\'' && c != '\\') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
-    }
-  }
-  if (id.size() > kMax) absl::StrAppend(&out, "...(", id.size(), " bytes)");
-  out.push_back('\'');
-  return out;
-}
+std::string EscapedIdPrefix(absl::string_view id) { return EchoPrefix(id); }
 
 SessionStore::SessionStore(const SessionLimits& limits, const Clock* clock, std::string replica_id)
     : limits_(limits), clock_(clock), replica_id_(std::move(replica_id)) {}

@@ -195,7 +195,7 @@ absl::StatusOr<std::string> RandomHex128();
 bool IsValidSessionId(absl::string_view id);
 // The owner prefix of a valid id ("" when it has none).
 absl::string_view SessionIdOwner(absl::string_view id);
-// A short printable rendering of an untrusted id for messages (at most 40 chars).
+// A short printable rendering of an untrusted id for messages: common/echo.h's EchoPrefix.
 std::string EscapedIdPrefix(absl::string_view id);
 
 }  // namespace echokv::server
