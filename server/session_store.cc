@@ -27,7 +27,7 @@ absl::StatusOr<MemoryMode> ParseMemoryMode(absl::string_view name) {
   if (name == "tiered") return MemoryMode::kTiered;
   if (name == "evict") return MemoryMode::kEvict;
   return absl::InvalidArgumentError(
-      absl::StrCat("memory: unknown mode '", EscapedIdPrefix(name), "'; one of tiered, evict"));
+      absl::StrCat("memory: unknown mode ", EchoPrefix(name), "; one of tiered, evict"));
 }
 
 absl::Status SessionLimits::Validate() const {
