@@ -546,8 +546,8 @@ absl::StatusOr<SessionInfo> SessionImportImpl::Complete() {
   const bool in_memory = impl_->durable == nullptr;
   const bool cold_in_memory = in_memory && incoming.memory == MemoryMode::kTiered;
   absl::StatusOr<SessionStore::Reservation> r =
-      keep_id_ ? impl_->store->ReserveId(incoming.id, caller_.tenant, incoming.hot_bytes, incoming.cold_bytes,
-                                         cold_in_memory)
+      keep_id_ ? impl_->store->ReserveImportedId(incoming.id, caller_.tenant, incoming.hot_bytes,
+                                                 incoming.cold_bytes, cold_in_memory)
                : impl_->store->Reserve(caller_.tenant, incoming.hot_bytes, incoming.cold_bytes, cold_in_memory);
   if (!r.ok()) {
     impl_->Reject(r.status());
