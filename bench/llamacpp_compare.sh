@@ -119,7 +119,7 @@ case "$PEER/" in "$REPO/"*) die "--peer-dir $PEER is inside the repository; the 
 if [[ -n "$GGUF" ]]; then
   [[ -f "$GGUF" ]] || die "--gguf $GGUF: no such file"
   GGUF="$(cd "$(dirname "$GGUF")" && pwd)/$(basename "$GGUF")"
-  [[ $CORETYPES_GIVEN == 1 ]] || CORETYPES=unset
+  [[ $CORETYPES_GIVEN == 1 ]] || CORETYPES="unset"
   [[ -x /usr/bin/time ]] || die "--gguf needs /usr/bin/time (GNU time, for the peak RSS)"
 else
   [[ -d "$DATA/models/stories260K" ]] || die "no $DATA/models/stories260K (give --data or ECHOKV_TEST_DATA)"
