@@ -35,8 +35,24 @@
 # 4. echokv-bench-server against echokv-server and llama-server in the same run
 #    (1/4/16/64 streams, the same prompt ids, 2 threads each).
 #
+# With --gguf FILE (issue 27 item 9) it benchmarks that one GGUF file instead, as both
+# engines load it (echokv dequantizes it to float32 at load; llama.cpp computes on the
+# quantized blocks), and only llama-batched-bench is needed. Per threads (1, 2) x repeat,
+# echokv then llama.cpp, each under flock $BENCH_LOCK and /usr/bin/time -v:
+#      echokv-bench-model --model FILE --contexts 512,2048,8128 --decode 64
+#      llama-batched-bench -m FILE -c 8192 -b 2048 -npp 512,2048,8128 -ntg 64 -npl 1
+#    prefill@L = L prompt tokens in one pass (echokv: chunks of 256; llama.cpp: its default
+#    ubatch of 512), decode@L = the 64 tokens after it; the largest L is 8128 so that prompt
+#    and decoded tokens fill the model's 8,192 positions exactly. load = echokv's
+#    Transformer::Load (reading and dequantizing) / llama.cpp's own "load time"
+#    (llama_perf_context_print: from the start of the model's load to the end of the first
+#    evaluation, its 16-token warm-up, so mmap's deferred page faults count). RSS = the peak
+#    resident set of the whole run ("Maximum resident set size" of /usr/bin/time -v;
+#    echokv's own VmHWM line is kept in the logs). OPENBLAS_CORETYPE only affects echokv;
+#    default here: --coretypes unset. No serving benchmark in this mode.
+#
 # Usage:
-#   bench/llamacpp_compare.sh --llama-bin DIR [--peer-dir DIR] [--build DIR] [--data DIR]
+#   bench/llamacpp_compare.sh --llama-bin DIR [--gguf FILE] [--peer-dir DIR] [--build DIR] [--data DIR]
 #                             [--out DIR] [--repeats N] [--threads 1,2]
 #                             [--coretypes Haswell,unset] [--models stories260K,random40m]
 #                             [--clients 1,4,16,64] [--server-rounds 2] [--no-server] [--server-only]
@@ -44,6 +60,7 @@
 #   --llama-bin  the folder of your llama.cpp build's binaries (e.g. llama.cpp/build/bin); required
 #   --peer-dir   where the models are converted and results written (default
 #                $HOME/.cache/echokv-peer; must be outside the repository)
+#   --gguf       benchmark this GGUF file with both engines (see above); default --coretypes unset
 #   --quick      1 repeat, 1 thread, Haswell only, clients 1,4 (a smoke test, not figures)
 # Environment: ECHOKV_BENCH_LOCK (default /work/.bench.lock, else /tmp/echokv-bench.lock).
 set -euo pipefail
@@ -63,6 +80,8 @@ CLIENTS="1,4,16,64"
 SERVER_ROUNDS=2
 RUN_MODEL=1
 RUN_SERVER=1
+GGUF=""
+CORETYPES_GIVEN=0
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [[ $# -gt 0 ]]; do
@@ -74,7 +93,8 @@ while [[ $# -gt 0 ]]; do
     --llama-bin) LB="$2"; shift 2 ;;
     --repeats) REPEATS="$2"; shift 2 ;;
     --threads) THREADS="$2"; shift 2 ;;
-    --coretypes) CORETYPES="$2"; shift 2 ;;
+    --coretypes) CORETYPES="$2"; CORETYPES_GIVEN=1; shift 2 ;;
+    --gguf) GGUF="$2"; shift 2 ;;
     --models) MODELS="$2"; shift 2 ;;
     --clients) CLIENTS="$2"; shift 2 ;;
     --server-rounds) SERVER_ROUNDS="$2"; shift 2 ;;
@@ -96,18 +116,128 @@ LB="$(cd "$LB" && pwd)"
 mkdir -p "$PEER"
 PEER="$(cd "$PEER" && pwd)"
 case "$PEER/" in "$REPO/"*) die "--peer-dir $PEER is inside the repository; the peer's files must stay outside it" ;; esac
-[[ -d "$DATA/models/stories260K" ]] || die "no $DATA/models/stories260K (give --data or ECHOKV_TEST_DATA)"
+if [[ -n "$GGUF" ]]; then
+  [[ -f "$GGUF" ]] || die "--gguf $GGUF: no such file"
+  GGUF="$(cd "$(dirname "$GGUF")" && pwd)/$(basename "$GGUF")"
+  [[ $CORETYPES_GIVEN == 1 ]] || CORETYPES="unset"
+  [[ -x /usr/bin/time ]] || die "--gguf needs /usr/bin/time (GNU time, for the peak RSS)"
+else
+  [[ -d "$DATA/models/stories260K" ]] || die "no $DATA/models/stories260K (give --data or ECHOKV_TEST_DATA)"
+fi
 BENCH_LOCK="${ECHOKV_BENCH_LOCK:-/work/.bench.lock}"
 [[ -d "$(dirname "$BENCH_LOCK")" && -w "$(dirname "$BENCH_LOCK")" ]] || BENCH_LOCK=/tmp/echokv-bench.lock
 OUT="${OUT:-$PEER/results-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$OUT"
 EB="$BUILD/bin"
 
+load1() { cut -d' ' -f1 /proc/loadavg; }
+# Every timed command waits for the machine's benchmark lock (other sessions' timed runs).
+locked() { flock "$BENCH_LOCK" "$@"; }
+
+# ---- --gguf FILE: one GGUF file, both engines (issue 27 item 9) ---------------------------
+gguf_compare() {
+  local EB="$BUILD/bin" raw="$OUT/raw.tsv" ctxs="512,2048,8128" n_ctx=8192 logs="$OUT/logs"
+  mkdir -p "$logs"
+  if [[ ! -x "$EB/echokv-bench-model" ]]; then
+    say "echokv: building echokv-bench-model in $BUILD"
+    cmake --build "$BUILD" -j2 --target echokv-bench-model >&2
+  fi
+  {
+    echo "# echokv vs llama.cpp on $(basename "$GGUF") — $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    echo "- machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(uname -r)"
+    echo "- file: $GGUF ($(stat -c %s "$GGUF") bytes, sha256 $(sha256sum "$GGUF" | cut -c1-16)…)"
+    echo "- llama.cpp $PEER_COMMIT ($LB, built by the user), echokv $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
+    echo "- OPENBLAS_CORETYPE in the caller's environment: ${OPENBLAS_CORETYPE:-(unset)}; rows run with: $CORETYPES; load at start: $(cat /proc/loadavg)"
+    echo "- command: $0 --llama-bin $LB --gguf $GGUF --repeats $REPEATS --threads $THREADS --coretypes $CORETYPES"
+  } >"$OUT/header.md"
+  printf 'coretype\tthreads\trepeat\tmetric\techokv\tllamacpp\tload1\n' >"$raw"
+  local core t r l tag e_out l_out
+  IFS=, read -r -a THREAD_LIST <<<"$THREADS"
+  IFS=, read -r -a CORE_LIST <<<"$CORETYPES"
+  IFS=, read -r -a CL <<<"$ctxs"
+  for core in "${CORE_LIST[@]}"; do
+    for t in "${THREAD_LIST[@]}"; do
+      for r in $(seq 1 "$REPEATS"); do
+        if [[ "$core" == unset ]]; then CORE_ENV=(env -u OPENBLAS_CORETYPE); else CORE_ENV=(env OPENBLAS_CORETYPE="$core"); fi
+        tag="$logs/c$core-t$t-r$r"
+        l="$(load1)"
+        say "$(basename "$GGUF") OPENBLAS_CORETYPE=$core threads=$t repeat $r/$REPEATS: echokv (load $l)"
+        locked /usr/bin/time -v -o "$tag.echokv.time" "${CORE_ENV[@]}" "$EB/echokv-bench-model" --model "$GGUF" \
+          --threads "$t" --contexts "$ctxs" --decode 64 >"$tag.echokv.out" 2>"$tag.echokv.err" \
+          || die "echokv-bench-model failed, see $tag.echokv.err"
+        local l2; l2="$(load1)"
+        say "  llama.cpp (load $l2)"
+        locked /usr/bin/time -v -o "$tag.llama.time" "${CORE_ENV[@]}" "$LB/llama-batched-bench" -m "$GGUF" \
+          -c "$n_ctx" -b 2048 -npp "$ctxs" -ntg 64 -npl 1 -t "$t" --output-format jsonl \
+          >"$tag.llama.out" 2>"$tag.llama.err" || die "llama-batched-bench failed, see $tag.llama.err"
+        l="$l/$l2"
+        for L in "${CL[@]}"; do
+          e_out="$(awk -v L="$L" '$1 == L { print $2, $3 }' "$tag.echokv.out")"
+          l_out="$(grep '^{' "$tag.llama.out" | python3 -c "import json,sys
+for line in sys.stdin:
+    j = json.loads(line)
+    if j['pp'] == $L: print(j['speed_pp'], j['speed_tg'])")"
+          printf '%s\t%s\t%s\tprefill@%s\t%s\t%s\t%s\n' "$core" "$t" "$r" "$L" "${e_out% *}" "${l_out% *}" "$l" >>"$raw"
+          printf '%s\t%s\t%s\tdecode@%s\t%s\t%s\t%s\n' "$core" "$t" "$r" "$L" "${e_out#* }" "${l_out#* }" "$l" >>"$raw"
+        done
+        local e_load l_load e_rss l_rss
+        e_load="$(sed -n 's/^load: \([0-9.]*\) s.*/\1/p' "$tag.echokv.out")"
+        l_load="$(sed -n 's/.*load time = *\([0-9.]*\) ms.*/\1/p' "$tag.llama.err" | tail -1)"
+        l_load="$(awk -v ms="$l_load" 'BEGIN { printf "%.3f", ms / 1000 }')"
+        e_rss="$(awk -F': ' '/Maximum resident set size/ { printf "%.1f", $2 / 1024 }' "$tag.echokv.time")"
+        l_rss="$(awk -F': ' '/Maximum resident set size/ { printf "%.1f", $2 / 1024 }' "$tag.llama.time")"
+        printf '%s\t%s\t%s\tload s\t%s\t%s\t%s\n' "$core" "$t" "$r" "$e_load" "$l_load" "$l" >>"$raw"
+        printf '%s\t%s\t%s\tpeak RSS MiB\t%s\t%s\t%s\n' "$core" "$t" "$r" "$e_rss" "$l_rss" "$l" >>"$raw"
+        awk -F'\t' -v c="$core" -v t="$t" -v r="$r" \
+          '$1==c && $2==t && $3==r && $5>0 && $6>0 { printf "    %-14s echokv %9.2f  llama.cpp %9.2f  ratio %5.2f  load %s\n", $4, $5, $6, $5/$6, $7 }' \
+          "$raw" >&2
+      done
+    done
+  done
+  python3 - "$raw" >"$OUT/model.md" <<'PY'
+import csv, statistics, sys
+rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+groups = {}
+for r in rows:
+    groups.setdefault((r["coretype"], r["threads"], r["metric"]), []).append(r)
+print("| OPENBLAS_CORETYPE | threads | metric | echokv (median) | llama.cpp (median) "
+      "| ratio echokv/llama.cpp: median of pairs (min–max) | load1 before echokv/llama.cpp, each pair |")
+print("|---|---:|---|---:|---:|---|---|")
+def num(x):
+    try:
+        return float(x)
+    except ValueError:
+        return 0.0
+for (core, threads, metric), rs in groups.items():
+    e = [num(r["echokv"]) for r in rs]
+    l = [num(r["llamacpp"]) for r in rs]
+    ratios = [a / b for a, b in zip(e, l) if a > 0 and b > 0]
+    rtxt = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}–{max(ratios):.2f})" if ratios else "–"
+    unit = "" if "@" not in metric else " tok/s"
+    print(f"| {core} | {threads} | {metric}{unit} | {statistics.median(e):.2f} | {statistics.median(l):.2f} "
+          f"| {rtxt} | {', '.join(r['load1'] for r in rs)} |")
+PY
+  cat "$OUT/header.md"
+  echo
+  cat "$OUT/model.md"
+  say "done; results and logs in $OUT"
+}
+
 # ---- 1. the peer: the user's binaries, checked -------------------------------------------
 PEER_TOOLS=(llama-bench llama-batched-bench llama-convert-llama2c-to-ggml llama-server)
+[[ -z "$GGUF" ]] || PEER_TOOLS=(llama-batched-bench)
 for t in "${PEER_TOOLS[@]}"; do
   [[ -x "$LB/$t" ]] || die "no executable $LB/$t: build llama.cpp's tools by its own instructions and give their folder"
 done
+if [[ -n "$GGUF" ]]; then
+  PEER_VERSION="$("$LB/llama-batched-bench" --version 2>&1)" || die "$LB/llama-batched-bench --version failed: $PEER_VERSION"
+  PEER_COMMIT="$(echo "$PEER_VERSION" | sed -n 's/^version: [0-9]* (\([0-9a-f]*\)).*/\1/p' | head -1)"
+  [[ -n "$PEER_COMMIT" ]] || PEER_COMMIT="unknown ($(echo "$PEER_VERSION" | head -1))"
+  say "llama.cpp: $LB, commit $PEER_COMMIT"
+  gguf_compare
+  exit 0
+fi
 # llama-server and llama-batched-bench print "version: N (COMMIT)" for --version; the other
 # two have no --version, so they must at least answer --help.
 PEER_VERSION="$("$LB/llama-server" --version 2>&1)" || die "$LB/llama-server --version failed: $PEER_VERSION"
@@ -162,9 +292,6 @@ for model in "${MODEL_LIST[@]}"; do
   esac
 done
 
-load1() { cut -d' ' -f1 /proc/loadavg; }
-# Every timed command waits for the machine's benchmark lock (other sessions' timed runs).
-locked() { flock "$BENCH_LOCK" "$@"; }
 # echokv-bench-model rows: context prefill decode ... -> "context prefill decode"
 echokv_rows() { awk '$1 ~ /^[0-9]+$/ && NF >= 3 { print $1, $2, $3 }'; }
 

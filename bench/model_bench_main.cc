@@ -9,6 +9,10 @@
 //   echokv-bench-model --model /work/shared/models/stories260K --contexts 128,448 --decode 256
 //       --llama2c-bin runfast=$HOME/llama2.c-runfast/run,runomp=$HOME/llama2.c-runomp/run
 //   echokv-bench-model --random40m /tmp/echokv-m40 --contexts 512,2048 --decode 64
+//   echokv-bench-model --model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf --contexts 512,2048,8128
+//
+// It also prints the load time (Transformer::Load: for a .gguf file that includes the
+// dequantization to float32) and the peak resident set (VmHWM) after loading and at the end.
 #include <ATen/Parallel.h>
 
 #include <unistd.h>
@@ -39,7 +43,7 @@
 #include "model/sampler.h"
 #include "model/transformer.h"
 
-ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
+ABSL_FLAG(std::string, model, "", "Hugging Face model directory or .gguf file");
 ABSL_FLAG(std::string, random40m, "", "write (once) and use the random ~40M llama in this directory");
 ABSL_FLAG(std::string, contexts, "512,2048", "context lengths, comma-separated");
 ABSL_FLAG(int, decode, 64, "tokens to decode after each context");
@@ -228,13 +232,17 @@ int main(int argc, char** argv) {
     roofline = echokv::bench::MeasureRoofline(t, 2.0);
   }
   std::string dir;
+  const auto load_start = std::chrono::steady_clock::now();
   auto model = echokv::bench::LoadBenchModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_random40m),
                                              absl::GetFlag(FLAGS_threads), &dir);
+  const double load_seconds = Seconds(load_start, std::chrono::steady_clock::now());
   if (!model.ok()) return echokv::bench::ReportBenchError(model.status());
   const auto& cfg = (*model)->config();
   const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : echokv::DefaultThreadCount();
   std::printf("model %s: %d layers, hidden %d, %d/%d heads, vocab %d; %d threads\n",
               dir.c_str(), cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size, threads);
+  std::printf("load: %.3f s (Transformer::Load); peak RSS after load: %.1f MiB (VmHWM)\n", load_seconds,
+              static_cast<double>(echokv::bench::PeakRssBytes()) / (1 << 20));
   std::vector<int> contexts;
   for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_contexts), ',')) {
     int context = 0;
@@ -312,5 +320,7 @@ int main(int argc, char** argv) {
     std::printf(" %6s\n", LoadAverage().c_str());
     std::fflush(stdout);
   }
+  std::printf("peak RSS: %.1f MiB (VmHWM, after the contexts)\n",
+              static_cast<double>(echokv::bench::PeakRssBytes()) / (1 << 20));
   return BatchedDecode(**model, absl::GetFlag(FLAGS_batches), absl::GetFlag(FLAGS_decode), roofline);
 }
