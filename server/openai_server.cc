@@ -772,6 +772,16 @@ std::optional<HttpEarlyReply> OpenAiServer::Impl::Gate(const HttpRequestHead& he
     return r;
   };
   if (head.path == "/health") {
+    if (head.method != "GET" && head.method != "HEAD") {  // answered here: no body is read for it
+      HttpError e;
+      e.status = 405;
+      e.type = "invalid_request_error";
+      e.code = "method_not_allowed";
+      e.message = absl::StrCat(EchoPrefix(head.method), " is not allowed on /health; use GET");
+      HttpEarlyReply r = early(e);
+      r.headers.emplace_back("Allow", "GET");
+      return r;
+    }
     if (head.content_length <= 0 && !head.chunked) return std::nullopt;
     HttpError e = InvalidParam("", "GET /health takes no request body", "bad_request");
     e.param.clear();
