@@ -788,7 +788,7 @@ std::optional<HttpEarlyReply> OpenAiServer::Impl::Gate(const HttpRequestHead& he
     return early(e);
   }
   if (config.tokens != nullptr) {
-    if (absl::StatusOr<AuthResult> who = config.tokens->VerifyAuthorization(head.Header("authorization")); !who.ok()) {
+    if (absl::StatusOr<Caller> who = CallerFromHead(head, config.tokens); !who.ok()) {
       HttpEarlyReply r = early(ToHttpError(who.status()));
       r.headers.emplace_back("WWW-Authenticate", "Bearer");
       if (metrics != nullptr) {
