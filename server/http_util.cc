@@ -497,7 +497,8 @@ class HttpListener::Impl {
   // Reads what is there; false: closed, failed, or the linger saw EOF.
   bool ReadSome(Conn* c) {
     char chunk[kReadChunk];
-    while (true) {
+    // At most 1 MiB per wakeup: a fast sender cannot keep the poll thread to itself.
+    for (int reads = 0; reads < 64; ++reads) {
       const ssize_t n = recv(c->fd, chunk, sizeof(chunk), MSG_DONTWAIT);
       if (n == 0) return false;
       if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
@@ -510,6 +511,7 @@ class HttpListener::Impl {
       if (c->available() > static_cast<size_t>(options_.max_header_bytes) + kReadChunk) return true;
       if (static_cast<size_t>(n) < sizeof(chunk)) return true;
     }
+    return true;
   }
 
   // The head complete: gate it and hand it to a worker (true: the Conn was moved out
