@@ -96,6 +96,21 @@ TEST(HttpListener, IdleConnectionsHoldNoWorker) {
   for (int fd : idle) close(fd);
 }
 
+// A connection from another loopback address (127.0.0.x).
+int IdleConnectionFrom(int port, int last_octet) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  src.sin_addr.s_addr = htonl((127u << 24) | static_cast<uint32_t>(last_octet));
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof(src)), 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  return fd;
+}
+
 // Reads until the peer closes (or 60 s, a hang guard); returns what came.
 std::string ReadToClose(int fd) {
   std::string got;
@@ -190,6 +205,24 @@ TEST(HttpListener, ConnectionCapsEvictTheOldestWaitingPeer) {
   EXPECT_LE(s.open, 8);
   EXPECT_GE(s.evicted, 13);  // 21 connections from one peer, at most 8 kept
   EXPECT_EQ(ReadToClose(idle[0]), "");  // the oldest went first
+  for (int fd : idle) close(fd);
+}
+
+// The total cap counts every peer: connections from 127.0.0.2..5 make room by closing
+// the oldest waiting one, whoever it belongs to, and a request still gets in.
+TEST(HttpListener, TotalCapEvictsAcrossPeers) {
+  HttpOptions o;
+  o.max_connections = 6;
+  o.max_connections_per_peer = 100;
+  o.header_timeout = absl::Seconds(60);
+  std::unique_ptr<HttpListener> l = StartHello(o);
+  ASSERT_NE(l, nullptr);
+  std::vector<int> idle;
+  for (int i = 0; i < 12; ++i) idle.push_back(IdleConnectionFrom(l->port(), 2 + i % 4));
+  EXPECT_TRUE(Hello(l->port()));
+  for (int i = 0; i < 600 && l->stats().evicted < 7; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_GE(l->stats().evicted, 7);  // 13 connections, at most 6 open
+  EXPECT_LE(l->stats().open, 6);
   for (int fd : idle) close(fd);
 }
 
