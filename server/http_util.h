@@ -83,7 +83,7 @@ struct HttpOptions {
   // Open connections at most, in total and from one peer address (accepted, waiting
   // for a head, being served, idle keep-alive, lingering after a refusal).
   int max_connections = 512;
-  int max_connections_per_peer = 64;
+  int max_connections_per_peer = 256;
   // Reading a body may stall this long between packets (heads: header_timeout).
   absl::Duration read_timeout = absl::Seconds(10);
   // A write may wait this long for the peer to take data (a stalled streaming reader

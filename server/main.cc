@@ -83,7 +83,7 @@ ABSL_FLAG(absl::Duration, http_header_timeout, absl::Seconds(10),
           "408 and close beyond)");
 ABSL_FLAG(int, http_max_connections, 512, "HTTP API: open connections at most (the oldest waiting for its "
           "headers is dropped for a new one)");
-ABSL_FLAG(int, http_max_connections_per_peer, 64,
+ABSL_FLAG(int, http_max_connections_per_peer, 256,
           "HTTP API: open connections at most from one client address (the same rule per address)");
 ABSL_FLAG(int, http_send_buffer_bytes, 0,
           "HTTP API: SO_SNDBUF of each connection; 0 = kernel autotuning. Smaller: a stalled streaming client "
