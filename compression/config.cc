@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/echo.h"
 
 namespace echokv::compression {
 namespace {
@@ -48,7 +49,7 @@ absl::StatusOr<PolicyKind> ParsePolicyKind(absl::string_view name) {
     absl::StrAppend(&valid, valid.empty() ? "" : ", ", PolicyName(kind));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("policy: unknown policy \"", name, "\" (valid: ", valid, ")"));
+      absl::StrCat("policy: unknown policy ", EchoPrefix(name), " (valid: ", valid, ")"));
 }
 
 absl::string_view BootstrapName(Bootstrap b) {
@@ -66,7 +67,7 @@ absl::StatusOr<Bootstrap> ParseBootstrap(absl::string_view name) {
     if (BootstrapName(b) == name) return b;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("bootstrap: unknown value \"", name, "\" (valid: proposals, snapkv)"));
+      absl::StrCat("bootstrap: unknown value ", EchoPrefix(name), " (valid: proposals, snapkv)"));
 }
 
 absl::Status CompressionConfig::Validate() const {

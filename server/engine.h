@@ -49,10 +49,13 @@ class FileOps;
 
 namespace echokv::server {
 
+// --max_new_tokens' default: the largest max_tokens of a Generate / HTTP completion.
+inline constexpr int kDefaultMaxNewTokens = 1024;
+
 // Admission limits (flags of echokv-server). Messages of rejections name these fields.
 struct EngineLimits {
   int64_t max_context_tokens = 0;           // 0 = the model's max_position_embeddings
-  int max_new_tokens = 1024;                // Generate max_tokens upper bound
+  int max_new_tokens = kDefaultMaxNewTokens;  // Generate max_tokens upper bound
   int max_sessions = 256;
   int64_t max_kv_bytes = int64_t{8} << 30;  // hot bytes of all sessions together
   int64_t max_cold_bytes = int64_t{8} << 30;  // cold tiers held in memory, together

@@ -131,10 +131,7 @@ void Engine::CreateSession(CreateRequest request, CancelFlag cancel, ProgressFn 
   impl->edge->Submit([impl, req, cancel, progress, done, admitted](bool shutting_down) {
     if (shutting_down) return done(absl::UnavailableError("server is shutting down"));
     if (cancel->load()) return done(absl::CancelledError("cancelled before it started"));
-    if (absl::Status s = impl->CheckTtl(req->ttl); !s.ok()) return done(s);
-    if (absl::Status s = req->config.Validate(); !s.ok()) {
-      return done(absl::InvalidArgumentError(absl::StrCat("compression.", s.message())));
-    }
+    if (absl::Status s = impl->CheckSessionSettings(req->ttl, req->config); !s.ok()) return done(s);
     if (progress) progress(ProgressEvent{"tokenize", 0, 1, absl::ToDoubleSeconds(impl->clock->Now() - admitted)});
     absl::StatusOr<std::vector<int>> tokens =
         impl->Tokenize(req->input, /*default_special=*/true, impl->facts.limits.max_context_tokens, 0);
@@ -543,11 +540,14 @@ absl::StatusOr<SessionInfo> SessionImportImpl::Complete() {
     return m.ok() ? absl::InternalError("import: the snapshot ended before its manifest") : m.status();
   }
   ECHOKV_ASSIGN_OR_RETURN(SessionMeta incoming, MetaFromManifest(*parsed, *impl_->model));
+  // Checksums only say the bytes are the exporter's; what they say is checked as a
+  // CreateSession with the same settings would be (docs/SECURITY.md "Imported snapshots").
+  ECHOKV_RETURN_IF_ERROR(impl_->CheckImport(parsed->meta, incoming, ttl_));
   const bool in_memory = impl_->durable == nullptr;
   const bool cold_in_memory = in_memory && incoming.memory == MemoryMode::kTiered;
   absl::StatusOr<SessionStore::Reservation> r =
-      keep_id_ ? impl_->store->ReserveId(incoming.id, caller_.tenant, incoming.hot_bytes, incoming.cold_bytes,
-                                         cold_in_memory)
+      keep_id_ ? impl_->store->ReserveImportedId(incoming.id, caller_.tenant, incoming.hot_bytes,
+                                                 incoming.cold_bytes, cold_in_memory)
                : impl_->store->Reserve(caller_.tenant, incoming.hot_bytes, incoming.cold_bytes, cold_in_memory);
   if (!r.ok()) {
     impl_->Reject(r.status());
@@ -565,24 +565,37 @@ absl::StatusOr<SessionInfo> SessionImportImpl::Complete() {
     impl_->store->Unreserve(*r);
     return committed.status();
   }
-  absl::StatusOr<SessionMeta> meta = MetaFromManifest(*committed, *impl_->model);
-  std::shared_ptr<SessionData> data;
-  if (meta.ok() && in_memory) {
-    // Load it now: the scratch store goes away with this import.
-    absl::StatusOr<std::unique_ptr<state::SessionReader>> reader = scratch_->store->OpenSession(r->id);
-    absl::StatusOr<std::shared_ptr<SessionData>> loaded =
-        reader.ok() ? LoadSessionData(**reader, *impl_->model) : reader.status();
-    if (!loaded.ok()) {
-      impl_->store->Unreserve(*r);
-      return loaded.status();
+  state::StateStore* store = in_memory ? scratch_->store.get() : impl_->durable.get();
+  // Refused after the commit: the files go first (here, so a later import of the same id
+  // cannot race their removal), then the reservation.
+  auto refuse = [&](const absl::Status& s) {
+    if (!in_memory) {
+      if (absl::Status d = store->DeleteSession(r->id); !d.ok() && !absl::IsNotFound(d)) {
+        ECHOKV_LOG(ERROR) << "removing a refused import failed: " << d.message();
+      }
     }
+    impl_->store->Unreserve(*r);
+    return s;
+  };
+  absl::StatusOr<SessionMeta> meta = MetaFromManifest(*committed, *impl_->model);
+  if (!meta.ok()) return refuse(meta.status());
+  // The whole cache is rebuilt once, on either kind of server, so that a snapshot whose
+  // tensors do not fit the model or whose positions break the cache's rules is refused
+  // now rather than failing every later call (a durable server keeps only the files).
+  absl::StatusOr<std::unique_ptr<state::SessionReader>> reader = store->OpenSession(r->id);
+  if (!reader.ok()) return refuse(reader.status());
+  absl::StatusOr<std::shared_ptr<SessionData>> loaded = LoadSessionData(**reader, *impl_->model);
+  reader->reset();
+  if (!loaded.ok()) {
+    const absl::Status& s = loaded.status();
+    if (absl::IsResourceExhausted(s) || absl::IsUnavailable(s)) return refuse(s);
+    return refuse(absl::InvalidArgumentError(absl::StrCat("snapshot: ", s.message())));
+  }
+  std::shared_ptr<SessionData> data;
+  if (in_memory) {
+    // Kept: the scratch store goes away with this import.
     data = std::move(*loaded);
     meta->cold_in_memory = data->cold != nullptr;
-  }
-  if (!meta.ok()) {
-    impl_->store->Unreserve(*r);
-    impl_->ForgetOnDisk(r->id);
-    return meta.status();
   }
   meta->last_used = now;
   if (absl::Status s = impl_->store->Insert(*r, *meta, std::move(data)); !s.ok()) {

@@ -242,6 +242,19 @@ class Engine::Impl {
   absl::StatusOr<std::vector<int>> Tokenize(const InputSpec& input, bool default_special, int64_t max_tokens,
                                             int64_t held) const;
   absl::Status CheckTtl(const std::optional<absl::Duration>& ttl) const;
+  // The settings every new session must satisfy, however it arrives (CreateSession,
+  // ImportSession): the ttl (CheckTtl) and the compression config ("compression.<field>
+  // ..."). INVALID_ARGUMENT naming the field.
+  absl::Status CheckSessionSettings(const std::optional<absl::Duration>& ttl,
+                                    const compression::CompressionConfig& config) const;
+  // Every id in [0, vocab_size): INVALID_ARGUMENT "<field>[i] = x is outside the
+  // vocabulary [0, V)" (input.tokens.ids of a request, the tokens of a snapshot).
+  absl::Status CheckTokenIds(absl::Span<const int> ids, absl::string_view field) const;
+  // ImportSession's admission check of a parsed snapshot, the rules of CreateSession
+  // (CheckSessionSettings on the ttl that will apply and the saved config; CheckTokenIds
+  // and max_context_tokens on the token history). INVALID_ARGUMENT "snapshot: ...".
+  absl::Status CheckImport(const state::SessionMeta& saved, const SessionMeta& incoming,
+                           const std::optional<absl::Duration>& ttl) const;
   SessionInfo Info(const SessionMeta& m) const;
   SessionMeta MetaFor(const SessionData& data, const compression::CompressionReport& report, MemoryMode memory) const;
   std::vector<LayerCacheInfo> Layers(const model::KvCells& cells, bool positions) const;

@@ -14,6 +14,48 @@ absl::Status Engine::Impl::CheckTtl(const std::optional<absl::Duration>& ttl) co
   return absl::OkStatus();
 }
 
+absl::Status Engine::Impl::CheckSessionSettings(const std::optional<absl::Duration>& ttl,
+                                                const compression::CompressionConfig& config) const {
+  ECHOKV_RETURN_IF_ERROR(CheckTtl(ttl));
+  if (absl::Status s = config.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("compression.", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::CheckTokenIds(absl::Span<const int> ids, absl::string_view field) const {
+  const int v = facts.vocab_size;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= v) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "] = ", ids[i], " is outside the vocabulary [0, ", v, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::CheckImport(const state::SessionMeta& saved, const SessionMeta& incoming,
+                                       const std::optional<absl::Duration>& ttl) const {
+  // A ttl in the header replaces the saved one (and is the client's own field).
+  ECHOKV_RETURN_IF_ERROR(CheckTtl(ttl));
+  auto snapshot = [](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("snapshot: ", s.message()));
+  };
+  if (absl::Status s = CheckSessionSettings(ttl.has_value() ? ttl : std::optional<absl::Duration>(saved.ttl),
+                                            incoming.config);
+      !s.ok()) {
+    return snapshot(s);
+  }
+  if (saved.tokens.empty()) return absl::InvalidArgumentError("snapshot: tokens: empty");
+  if (absl::Status s = CheckTokenIds(saved.tokens, "tokens"); !s.ok()) return snapshot(s);
+  const int64_t n = static_cast<int64_t>(saved.tokens.size());
+  if (n > facts.limits.max_context_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("snapshot: tokens: ", n, " tokens exceed max_context_tokens (",
+                                                   facts.limits.max_context_tokens, ")"));
+  }
+  return absl::OkStatus();
+}
+
 SessionInfo Engine::Impl::Info(const SessionMeta& m) const {
   SessionInfo info;
   info.id = m.id;
@@ -119,13 +161,7 @@ absl::StatusOr<std::vector<int>> Engine::Impl::Tokenize(const InputSpec& input, 
     }
     case InputSpec::Kind::kTokens: {
       if (input.tokens.empty()) return absl::InvalidArgumentError("input.tokens: empty");
-      const int v = facts.vocab_size;
-      for (size_t i = 0; i < input.tokens.size(); ++i) {
-        if (input.tokens[i] < 0 || input.tokens[i] >= v) {
-          return absl::InvalidArgumentError(absl::StrCat("input.tokens.ids[", i, "] = ", input.tokens[i],
-                                                         " is outside the vocabulary [0, ", v, ")"));
-        }
-      }
+      ECHOKV_RETURN_IF_ERROR(CheckTokenIds(input.tokens, "input.tokens.ids"));
       ids = input.tokens;
       break;
     }

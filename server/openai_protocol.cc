@@ -203,7 +203,7 @@ bool ParseEchokv(Fields& f, EchokvOptions* out, HttpError* error) {
 
 // The fields both APIs share. `chat`: max_completion_tokens and logprobs as a boolean
 // exist only there; completions take `logprobs: k`.
-bool ParseCommon(const json& body, bool chat, GenerationRequest* out, HttpError* error) {
+bool ParseCommon(const json& body, bool chat, int max_new_tokens, GenerationRequest* out, HttpError* error) {
   Fields f(body, "", error);
   const json* model = f.Get("model");
   if (model == nullptr) return f.Fail("model", "is required (GET /v1/models lists the served model)", "missing");
@@ -222,11 +222,11 @@ bool ParseCommon(const json& body, bool chat, GenerationRequest* out, HttpError*
     return f.Fail("n", absl::StrCat("only n = 1 is supported (one choice per request), not ", n), "unsupported_value");
   }
   int v = 0;
-  if (f.Int("max_tokens", 1, 1 << 30, &v)) {
+  if (f.Int("max_tokens", 1, max_new_tokens, &v)) {
     out->max_tokens = v;
     out->max_tokens_param = "max_tokens";
   }
-  if (chat && f.Int("max_completion_tokens", 1, 1 << 30, &v)) {
+  if (chat && f.Int("max_completion_tokens", 1, max_new_tokens, &v)) {
     out->max_tokens = v;
     out->max_tokens_param = "max_completion_tokens";
   }
@@ -395,10 +395,10 @@ int64_t CharCount(const std::string& s) {
 
 }  // namespace
 
-bool ParseChatRequest(absl::string_view body, ChatRequest* out, HttpError* error) {
+bool ParseChatRequest(absl::string_view body, ChatRequest* out, HttpError* error, int max_new_tokens) {
   json j;
   if (!ParseBody(body, &j, error)) return false;
-  if (!ParseCommon(j, /*chat=*/true, &out->gen, error)) return false;
+  if (!ParseCommon(j, /*chat=*/true, max_new_tokens, &out->gen, error)) return false;
   if (!ParseMessages(j, &out->messages, error)) return false;
   Fields f(j, "", error);
   bool logprobs = false;
@@ -428,10 +428,10 @@ bool ParseChatRequest(absl::string_view body, ChatRequest* out, HttpError* error
   return f.ok();
 }
 
-bool ParseCompletionRequest(absl::string_view body, CompletionRequest* out, HttpError* error) {
+bool ParseCompletionRequest(absl::string_view body, CompletionRequest* out, HttpError* error, int max_new_tokens) {
   json j;
   if (!ParseBody(body, &j, error)) return false;
-  if (!ParseCommon(j, /*chat=*/false, &out->gen, error)) return false;
+  if (!ParseCommon(j, /*chat=*/false, max_new_tokens, &out->gen, error)) return false;
   Fields f(j, "", error);
   const json* p = f.Get("prompt");
   if (p == nullptr) return f.Fail("prompt", "is required", "missing");

@@ -100,8 +100,12 @@ struct CompletionRequest {
 // echokv does not have (n > 1, tools, logit_bias, response_format json, echo, suffix,
 // best_of > 1, non-text content parts) are refused by name. Client strings quoted in a
 // message are cut to common/echo.h's EchoPrefix.
-bool ParseChatRequest(absl::string_view body, ChatRequest* out, HttpError* error);
-bool ParseCompletionRequest(absl::string_view body, CompletionRequest* out, HttpError* error);
+// max_tokens / max_completion_tokens must be in [1, max_new_tokens] (the server's
+// limits.max_new_tokens: the bound checked is the bound the message states).
+bool ParseChatRequest(absl::string_view body, ChatRequest* out, HttpError* error,
+                      int max_new_tokens = kDefaultMaxNewTokens);
+bool ParseCompletionRequest(absl::string_view body, CompletionRequest* out, HttpError* error,
+                            int max_new_tokens = kDefaultMaxNewTokens);
 
 // Resolves the body field and the header into one reference ("" = absent). Both given
 // and different -> 400 naming session_id; "new" (any case) -> kNew.

@@ -588,7 +588,9 @@ void OpenAiServer::Impl::HandleChat(const httplib::Request& req, httplib::Respon
   if (!Admit(req, res, call.get())) return;
   openai::ChatRequest cr;
   HttpError err;
-  if (!openai::ParseChatRequest(req.body, &cr, &err)) return Reply(call.get(), res, err);
+  if (!openai::ParseChatRequest(req.body, &cr, &err, engine->facts().limits.max_new_tokens)) {
+    return Reply(call.get(), res, err);
+  }
   InputSpec input;
   input.kind = InputSpec::Kind::kChat;
   input.chat = std::move(cr.messages);
@@ -601,7 +603,9 @@ void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::
   if (!Admit(req, res, call.get())) return;
   openai::CompletionRequest cr;
   HttpError err;
-  if (!openai::ParseCompletionRequest(req.body, &cr, &err)) return Reply(call.get(), res, err);
+  if (!openai::ParseCompletionRequest(req.body, &cr, &err, engine->facts().limits.max_new_tokens)) {
+    return Reply(call.get(), res, err);
+  }
   if (cr.prompts.size() > 1) return CompleteMany(req, res, std::move(cr), std::move(call));
   InputSpec input;
   if (cr.token_prompt) {

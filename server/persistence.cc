@@ -92,6 +92,45 @@ std::vector<std::vector<int64_t>> PerGroup(const at::Tensor &positions) {  // [G
   return out;
 }
 
+// A [G, n] int64 positions blob whose groups each hold strictly increasing positions in
+// [0, end) (kv_cells.h's invariant; `end` = the tokens the session holds), per group.
+absl::StatusOr<std::vector<std::vector<int64_t>>> CheckedPositions(const at::Tensor &t, const std::string &name,
+                                                                   int64_t groups, int64_t end) {
+  if (t.scalar_type() != at::kLong || t.dim() != 2 || t.size(0) != groups) {
+    return absl::DataLossError(absl::StrCat(name, ": expected int64 [", groups, ", n], got ", c10::toString(t.scalar_type()),
+                                            " of rank ", t.dim()));
+  }
+  std::vector<std::vector<int64_t>> out = PerGroup(t);
+  for (size_t g = 0; g < out.size(); ++g) {
+    for (size_t i = 0; i < out[g].size(); ++i) {
+      const int64_t p = out[g][i];
+      if (p < 0 || p >= end) {
+        return absl::DataLossError(absl::StrCat(name, ": group ", g, " holds position ", p, ", outside [0, ", end,
+                                                ") (the tokens of the session)"));
+      }
+      if (i > 0 && p <= out[g][i - 1]) {
+        return absl::DataLossError(
+            absl::StrCat(name, ": group ", g, " positions are not strictly increasing at index ", i));
+      }
+    }
+  }
+  return out;
+}
+
+// `t` has shape `want` (-1: any size).
+absl::Status CheckShape(const at::Tensor &t, const std::string &name, const std::vector<int64_t> &want) {
+  bool ok = t.dim() == static_cast<int64_t>(want.size());
+  for (size_t i = 0; ok && i < want.size(); ++i) ok = want[i] < 0 || t.size(static_cast<int64_t>(i)) == want[i];
+  if (ok) return absl::OkStatus();
+  std::string expected = "[";
+  for (size_t i = 0; i < want.size(); ++i) {
+    absl::StrAppend(&expected, i > 0 ? ", " : "", want[i] < 0 ? std::string("n") : absl::StrCat(want[i]));
+  }
+  std::string got = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) absl::StrAppend(&got, i > 0 ? ", " : "", t.size(i));
+  return absl::DataLossError(absl::StrCat(name, ": shape ", got, "] does not match the model's ", expected, "]"));
+}
+
 int64_t ModelElementSize(const model::Transformer &model) {
   const std::string &d = model.device_options().dtype;
   return d == "float32" ? 4 : 2;
@@ -300,6 +339,9 @@ absl::StatusOr<std::shared_ptr<SessionData>> LoadSessionData(const state::Sessio
           const state::SegmentInfo &seg = m.segments[ks[i].segment];
           ECHOKV_ASSIGN_OR_RETURN(at::Tensor k, ReadTensor(reader, ks[i]));
           ECHOKV_ASSIGN_OR_RETURN(at::Tensor v, ReadTensor(reader, vs[i]));
+          const int64_t m_tokens = seg.token_end - seg.token_begin;
+          ECHOKV_RETURN_IF_ERROR(CheckShape(k, absl::StrCat("cold.k.", l), {c.num_kv_heads, m_tokens, c.head_dim}));
+          ECHOKV_RETURN_IF_ERROR(CheckShape(v, absl::StrCat("cold.v.", l), {c.num_kv_heads, m_tokens, c.head_dim}));
           std::vector<int64_t> positions;
           for (int64_t p = seg.token_begin; p < seg.token_end; ++p) positions.push_back(p);
           if (k.dim() != 3 || k.size(1) != static_cast<int64_t>(positions.size()) ||
@@ -316,28 +358,50 @@ absl::StatusOr<std::shared_ptr<SessionData>> LoadSessionData(const state::Sessio
       }
       data->cold->set_next_position(total);
       data->cold_len = total;
+      ECHOKV_ASSIGN_OR_RETURN(at::Tensor wpos, ReadLatest(reader, "win.pos"));
+      if (wpos.scalar_type() != at::kLong || wpos.dim() != 1) {
+        return absl::DataLossError("win.pos: expected int64 [w]");
+      }
+      ECHOKV_RETURN_IF_ERROR(CheckedPositions(wpos.unsqueeze(0), "win.pos", 1, total).status());
+      data->window_positions.assign(wpos.data_ptr<int64_t>(), wpos.data_ptr<int64_t>() + wpos.numel());
+      const int64_t w = wpos.numel();
       std::vector<at::Tensor> kept;
       for (int l = 0; l < c.num_layers; ++l) {
-        ECHOKV_ASSIGN_OR_RETURN(at::Tensor pos, ReadLatest(reader, absl::StrCat("hot.pos.", l)));
+        const std::string name = absl::StrCat("hot.pos.", l);
+        ECHOKV_ASSIGN_OR_RETURN(at::Tensor pos, ReadLatest(reader, name));
+        ECHOKV_RETURN_IF_ERROR(CheckedPositions(pos, name, c.num_kv_heads, total).status());
         kept.push_back(pos);  // indices into the cold tier == positions
         absl::StatusOr<at::Tensor> q = ReadLatest(reader, absl::StrCat("win.q.", l));
+        if (q.ok()) ECHOKV_RETURN_IF_ERROR(CheckShape(*q, absl::StrCat("win.q.", l), {c.num_heads, w, c.head_dim}));
         data->window_queries.push_back(q.ok() ? *q : at::Tensor());
         absl::StatusOr<at::Tensor> h = ReadLatest(reader, absl::StrCat("h2o.", l));
-        if (h.ok()) data->h2o_scores.push_back(*h);
+        if (h.ok()) {
+          ECHOKV_RETURN_IF_ERROR(CheckShape(*h, absl::StrCat("h2o.", l), {c.num_kv_heads, total}));
+          data->h2o_scores.push_back(*h);
+        }
       }
       if (!data->h2o_scores.empty() && static_cast<int>(data->h2o_scores.size()) != c.num_layers) {
         return absl::DataLossError("h2o scores are missing for some layers");
       }
-      ECHOKV_ASSIGN_OR_RETURN(at::Tensor wpos, ReadLatest(reader, "win.pos"));
-      data->window_positions.assign(wpos.data_ptr<int64_t>(), wpos.data_ptr<int64_t>() + wpos.numel());
       ECHOKV_ASSIGN_OR_RETURN(data->hot, model::KvCache::Gather(*data->cold, kept));
     } else {
+      // Every token the session holds went through the model: the next one is at `total`.
+      if (m.meta.next_position != total) {
+        return absl::DataLossError(absl::StrCat("next_position is ", m.meta.next_position, ", the session holds ",
+                                                total, " tokens"));
+      }
       data->hot = model.NewCache();
       for (int l = 0; l < c.num_layers; ++l) {
+        const std::string name = absl::StrCat("hot.pos.", l);
         ECHOKV_ASSIGN_OR_RETURN(at::Tensor k, ReadLatest(reader, absl::StrCat("hot.k.", l)));
         ECHOKV_ASSIGN_OR_RETURN(at::Tensor v, ReadLatest(reader, absl::StrCat("hot.v.", l)));
-        ECHOKV_ASSIGN_OR_RETURN(at::Tensor pos, ReadLatest(reader, absl::StrCat("hot.pos.", l)));
-        ECHOKV_RETURN_IF_ERROR(data->hot.SetLayer(l, k, v, PerGroup(pos)));
+        ECHOKV_ASSIGN_OR_RETURN(at::Tensor pos, ReadLatest(reader, name));
+        ECHOKV_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> groups,
+                                CheckedPositions(pos, name, c.num_kv_heads, total));
+        const int64_t n = pos.size(1);
+        ECHOKV_RETURN_IF_ERROR(CheckShape(k, absl::StrCat("hot.k.", l), {c.num_kv_heads, n, c.head_dim}));
+        ECHOKV_RETURN_IF_ERROR(CheckShape(v, absl::StrCat("hot.v.", l), {c.num_kv_heads, n, c.head_dim}));
+        ECHOKV_RETURN_IF_ERROR(data->hot.SetLayer(l, k, v, std::move(groups)));
       }
       data->hot.set_next_position(m.meta.next_position);
     }

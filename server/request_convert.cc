@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/echo.h"
 
 namespace echokv::server {
 
@@ -55,8 +56,8 @@ absl::StatusOr<compression::CompressionConfig> ToConfig(const pb::CompressionCon
     if (!kind.ok()) {
       std::vector<std::string> names;
       for (compression::PolicyKind k : compression::AllPolicies()) names.emplace_back(compression::PolicyName(k));
-      return absl::InvalidArgumentError(absl::StrCat("compression.policy: unknown policy '", c.policy(),
-                                                     "'; one of ", absl::StrJoin(names, ", ")));
+      return absl::InvalidArgumentError(absl::StrCat("compression.policy: unknown policy ", EchoPrefix(c.policy()),
+                                                     "; one of ", absl::StrJoin(names, ", ")));
     }
     cfg.policy = *kind;
   }
@@ -67,8 +68,8 @@ absl::StatusOr<compression::CompressionConfig> ToConfig(const pb::CompressionCon
   if (c.has_bootstrap()) {
     absl::StatusOr<compression::Bootstrap> b = compression::ParseBootstrap(c.bootstrap());
     if (!b.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("compression.bootstrap: unknown bootstrap '",
-                                                     c.bootstrap(), "'; one of proposals, snapkv"));
+      return absl::InvalidArgumentError(absl::StrCat("compression.bootstrap: unknown bootstrap ",
+                                                     EchoPrefix(c.bootstrap()), "; one of proposals, snapkv"));
     }
     cfg.bootstrap = *b;
   }

@@ -1,5 +1,7 @@
 #include "server/session_store.h"
 
+#include <openssl/evp.h>
+
 #include <sys/random.h>
 
 #include <algorithm>
@@ -27,7 +29,7 @@ absl::StatusOr<MemoryMode> ParseMemoryMode(absl::string_view name) {
   if (name == "tiered") return MemoryMode::kTiered;
   if (name == "evict") return MemoryMode::kEvict;
   return absl::InvalidArgumentError(
-      absl::StrCat("memory: unknown mode '", EscapedIdPrefix(name), "'; one of tiered, evict"));
+      absl::StrCat("memory: unknown mode ", EchoPrefix(name), "; one of tiered, evict"));
 }
 
 absl::Status SessionLimits::Validate() const {
@@ -71,6 +73,28 @@ absl::StatusOr<std::string> RandomHex128() {
     id[2 * i + 1] = kHex[bytes[i] & 15];
   }
   return id;
+}
+
+std::string TenantIdTag(absl::string_view tenant, absl::string_view random_hex) {
+  const std::string input = absl::StrCat("echokv session id\n", tenant, "\n", random_hex);
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(input.data(), input.size(), digest, &len, EVP_sha256(), nullptr) != 1 || len < 4) {
+    return std::string(8, 'x');  // matches no id (not hex)
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string tag(8, '0');
+  for (int i = 0; i < 4; ++i) {
+    tag[2 * i] = kHex[digest[i] >> 4];
+    tag[2 * i + 1] = kHex[digest[i] & 15];
+  }
+  return tag;
+}
+
+bool IdIssuedTo(absl::string_view id, absl::string_view tenant) {
+  if (!IsValidSessionId(id)) return false;
+  const absl::string_view hex = id.substr(id.size() - 32);
+  return hex.substr(24) == TenantIdTag(tenant, hex.substr(0, 24));
 }
 
 bool IsValidSessionId(absl::string_view id) { return state::IsValidSessionId(id); }
@@ -155,10 +179,11 @@ bool SessionStore::IdTakenLocked(const std::string& id) const {
   return false;
 }
 
-absl::StatusOr<std::string> SessionStore::NewIdLocked() const {
+absl::StatusOr<std::string> SessionStore::NewIdLocked(const std::string& tenant) const {
   for (int attempt = 0; attempt < 4; ++attempt) {
     absl::StatusOr<std::string> hex = RandomHex128();
     if (!hex.ok()) return hex.status();
+    hex->replace(24, 8, TenantIdTag(tenant, hex->substr(0, 24)));  // 96 random bits + the tenant's tag
     std::string id = replica_id_.empty() ? *hex : absl::StrCat(replica_id_, ".", *hex);
     if (!IdTakenLocked(id)) return id;
   }
@@ -168,7 +193,7 @@ absl::StatusOr<std::string> SessionStore::NewIdLocked() const {
 absl::StatusOr<SessionStore::Reservation> SessionStore::Reserve(const std::string& tenant, int64_t hot_bytes,
                                                                 int64_t cold_bytes, bool cold_in_memory) {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<std::string> id = NewIdLocked();
+  absl::StatusOr<std::string> id = NewIdLocked(tenant);
   if (!id.ok()) return id.status();
   const int64_t cold_mem = cold_in_memory ? cold_bytes : 0;
   if (absl::Status s = CheckLimitsLocked(tenant, 1, hot_bytes, cold_mem); !s.ok()) return s;
@@ -194,6 +219,18 @@ absl::StatusOr<SessionStore::Reservation> SessionStore::ReserveId(const std::str
   reservations_.emplace(r.ticket, r);
   AccountLocked(tenant, 1, hot_bytes, cold_mem);
   return r;
+}
+
+absl::StatusOr<SessionStore::Reservation> SessionStore::ReserveImportedId(const std::string& id,
+                                                                          const std::string& tenant,
+                                                                          int64_t hot_bytes, int64_t cold_bytes,
+                                                                          bool cold_in_memory) {
+  if (IsValidSessionId(id) && !IdIssuedTo(id, tenant)) {
+    // Word for word what ReserveId answers for a taken id, whether or not the id is
+    // live for someone else: the answer depends on the id and the caller only.
+    return absl::AlreadyExistsError(absl::StrCat("session ", EscapedIdPrefix(id), " already exists"));
+  }
+  return ReserveId(id, tenant, hot_bytes, cold_bytes, cold_in_memory);
 }
 
 void SessionStore::Unreserve(const Reservation& r) {

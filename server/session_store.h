@@ -116,6 +116,11 @@ class SessionStore {
   // ALREADY_EXISTS when taken.
   absl::StatusOr<Reservation> ReserveId(const std::string& id, const std::string& tenant, int64_t hot_bytes,
                                         int64_t cold_bytes, bool cold_in_memory);
+  // ImportSession with keep_id: ReserveId for an id issued to `tenant` (IdIssuedTo);
+  // any other valid id answers exactly as a taken one (ALREADY_EXISTS, same message),
+  // so the answer never tells whether another tenant holds it (docs/SECURITY.md).
+  absl::StatusOr<Reservation> ReserveImportedId(const std::string& id, const std::string& tenant,
+                                                int64_t hot_bytes, int64_t cold_bytes, bool cold_in_memory);
   void Unreserve(const Reservation& r);
   // Turns `r` into a live session with `meta` (its id and tenant are taken from r;
   // created / last_used left at the Unix epoch start now).
@@ -167,7 +172,7 @@ class SessionStore {
   void AccountLocked(const std::string& tenant, int sessions, int64_t hot, int64_t cold_memory)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Entry* FindLocked(const std::string& id, const std::string& tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::string> NewIdLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::string> NewIdLocked(const std::string& tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IdTakenLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SessionLimits limits_;
@@ -189,6 +194,14 @@ absl::Status SessionNotFound(absl::string_view id);
 
 // 128 bits from the OS CSPRNG (getrandom) as 32 lowercase hex characters.
 absl::StatusOr<std::string> RandomHex128();
+
+// Every new id's last 8 hex digits are a tag of its tenant: the first 8 hex digits of
+// SHA-256("echokv session id\n" + tenant + "\n" + the 24 hex digits before them), so
+// an id carries 96 random bits. Not a secret: it only decides which ids ImportSession
+// may keep for a tenant (ReserveImportedId), from the id and the caller alone.
+std::string TenantIdTag(absl::string_view tenant, absl::string_view random_hex);
+// Whether `id` (valid) ends in the tag of `tenant`.
+bool IdIssuedTo(absl::string_view id, absl::string_view tenant);
 
 // The one session id grammar (server/state/session_id.h): `(<label>.)?<32 lowercase
 // hex>`, label = [a-z0-9]([a-z0-9-]{0,61}[a-z0-9])? (a DNS label, e.g. a pod name).

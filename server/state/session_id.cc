@@ -2,8 +2,8 @@
 
 #include <string>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/echo.h"
 
 namespace echokv::state {
 namespace {
@@ -46,9 +46,7 @@ absl::Status ValidateSessionId(absl::string_view id) {
   std::string problem = Problem(id);
   if (problem.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat("session id \"", absl::CHexEscape(id.substr(0, 100)),
-                   id.size() > 100 ? "...\" " : "\" ", problem,
-                   " (expected [<dns-label>.]<32 lowercase hex>)"));
+      absl::StrCat("session id ", EchoPrefix(id), " ", problem, " (expected [<dns-label>.]<32 lowercase hex>)"));
 }
 
 }  // namespace echokv::state

@@ -181,6 +181,36 @@ TEST(ParseChatRequest, ErrorsNameTheParam) {
   }
 }
 
+// Issue 25 point 11: the range max_tokens is checked against is the server's
+// max_new_tokens (kDefaultMaxNewTokens unless the flag says otherwise), and the message
+// states that bound, not 2^30.
+TEST(ParseChatRequest, MaxTokensRangeIsTheServersMaxNewTokens) {
+  for (const char* param : {"max_tokens", "max_completion_tokens"}) {
+    json zero = Base();
+    zero[param] = 0;
+    HttpError e = ChatError(zero);
+    EXPECT_EQ(e.param, param);
+    EXPECT_THAT(e.message, ::testing::HasSubstr("[1, 1024]")) << e.message;
+    EXPECT_THAT(e.message, ::testing::Not(::testing::HasSubstr("1073741824"))) << e.message;
+    json over = Base();
+    over[param] = kDefaultMaxNewTokens + 1;
+    EXPECT_THAT(ChatError(over).message, ::testing::HasSubstr("[1, 1024]"));
+    json at = Base();
+    at[param] = kDefaultMaxNewTokens;
+    EXPECT_EQ(Chat(at.dump()).gen.max_tokens, kDefaultMaxNewTokens);
+  }
+  // A server started with --max_new_tokens 4096: 2000 is fine, 0 names 4096.
+  ChatRequest r;
+  HttpError e;
+  json big = Base();
+  big["max_tokens"] = 2000;
+  EXPECT_TRUE(ParseChatRequest(big.dump(), &r, &e, 4096)) << e.message;
+  EXPECT_EQ(r.gen.max_tokens, 2000);
+  CompletionRequest c;
+  EXPECT_FALSE(ParseCompletionRequest(R"({"model":"m","prompt":"x","max_tokens":0})", &c, &e, 4096));
+  EXPECT_THAT(e.message, ::testing::HasSubstr("[1, 4096]")) << e.message;
+}
+
 TEST(ParseChatRequest, MalformedJson) {
   for (const char* body : {"{", "", "[]", "null", "{\"model\": \"m\",}"}) {
     ChatRequest r;

@@ -249,6 +249,49 @@ TEST(SessionStoreTest, IdsCarryTheReplicaPrefixAndAreUnique) {
               StatusIs(absl::StatusCode::kAlreadyExists, ""));
 }
 
+// ImportSession with keep_id (issue 25 point 7): the answer for an id issued to another
+// tenant is ALREADY_EXISTS with the message of a taken id, whether that tenant's session
+// is live or gone, so it says nothing about the other tenant; the caller's own ids are
+// reserved as before.
+TEST(SessionStoreTest, KeepIdAnswersForAnotherTenantsIdLikeATakenId) {
+  FakeClock clock;
+  SessionStore store(SessionLimits{}, &clock, "r1");
+  const std::string a_live = Create(store, 1, "a");
+  const std::string a_gone = Create(store, 1, "a");
+  ASSERT_THAT(store.Delete(a_gone, "a").status(), IsOk());
+  const std::string b_own = Create(store, 1, "b");
+  EXPECT_TRUE(IdIssuedTo(a_live, "a"));
+  EXPECT_FALSE(IdIssuedTo(a_live, "b"));
+  EXPECT_TRUE(IdIssuedTo(b_own, "b"));
+
+  auto answer = [&](const std::string& id, const std::string& tenant) {
+    absl::StatusOr<SessionStore::Reservation> r = store.ReserveImportedId(id, tenant, 1, 0, false);
+    if (r.ok()) store.Unreserve(*r);
+    return r.status();
+  };
+  const absl::Status taken = answer(b_own, "b");
+  ASSERT_THAT(taken, StatusIs(absl::StatusCode::kAlreadyExists, "already exists"));
+  auto same_as_taken = [&](const std::string& id) {
+    const absl::Status s = answer(id, "b");
+    EXPECT_EQ(s.code(), taken.code()) << id;
+    std::string expected(taken.message());
+    expected.replace(expected.find(EscapedIdPrefix(b_own)), EscapedIdPrefix(b_own).size(), EscapedIdPrefix(id));
+    EXPECT_EQ(s.message(), expected) << id;
+  };
+  same_as_taken(a_live);  // live for tenant a
+  same_as_taken(a_gone);  // deleted: free, yet still a's
+  // An id b's own snapshot could hold after b rewrote it: not issued to b either.
+  same_as_taken("r1.0123456789abcdef0123456789abcdef");
+
+  // b's own id, once free again, is b's to keep; a's answer is the same either way.
+  ASSERT_THAT(store.Delete(b_own, "b").status(), IsOk());
+  EXPECT_THAT(answer(b_own, "b"), IsOk());
+  EXPECT_THAT(answer(a_gone, "a"), IsOk());
+  EXPECT_THAT(answer(a_live, "a"), StatusIs(absl::StatusCode::kAlreadyExists, "already exists"));
+  // A malformed id is still named as such.
+  EXPECT_THAT(answer("nope", "b"), StatusIs(absl::StatusCode::kInvalidArgument, "malformed"));
+}
+
 TEST(SessionIdTest, Grammar) {
   const std::string hex = "0123456789abcdef0123456789abcdef";
   EXPECT_TRUE(IsValidSessionId(hex));

@@ -64,6 +64,10 @@ TEST(SessionIdTest, RefusesEverythingElse) {
   }
   EXPECT_THAT(ValidateSessionId(std::string(200, 'a')),
               StatusIs(absl::StatusCode::kInvalidArgument, "at most 96"));
+  // A snapshot's id is the client's: echoed as common/echo.h's short prefix.
+  const absl::Status huge = ValidateSessionId(std::string("\x01") + std::string(1 << 20, 'a'));
+  EXPECT_THAT(huge, StatusIs(absl::StatusCode::kInvalidArgument, "session id '\\x01aaa"));
+  EXPECT_LT(huge.message().size(), 160u) << huge.message();
 }
 
 // ---------------- small values ----------------

@@ -11,6 +11,8 @@
 #include <string>
 
 #include "proto/echokv/v1/echokv.pb.h"
+#include "server/request_convert.h"
+#include "server/session_store.h"
 #include "tests/testing/status_matchers.h"
 
 namespace echokv::server {
@@ -143,6 +145,33 @@ TEST(WireCheckTest, DeepNestingIsRefusedLikeProtobufDoes) {
   for (int i = 0; i < 10; ++i) shallow += "\x9c\x06";
   EXPECT_TRUE(got.ParseFromString(shallow));
   EXPECT_THAT(ParseRequest(shallow, &got), IsOk());
+}
+
+// Issue 25 point 6: a client's name in a refusal is EchoPrefix'd (common/echo.h): a 1 MB
+// policy, bootstrap or memory mode gives a message of a few dozen bytes, still naming the
+// field and the length.
+TEST(RequestConvertTest, UnknownNamesAreEchoedAsAShortEscapedPrefix) {
+  const std::string huge = std::string("bad\x01") + std::string(1 << 20, 'p');
+  const std::string length = "(" + std::to_string(huge.size()) + " bytes)";
+  pb::CompressionConfig policy;
+  policy.set_policy(huge);
+  absl::StatusOr<compression::CompressionConfig> p = ToConfig(policy, compression::CompressionConfig{});
+  EXPECT_THAT(p.status(), StatusIs(absl::StatusCode::kInvalidArgument, "compression.policy: unknown policy 'bad\\x01p"));
+  EXPECT_THAT(p.status().message(), HasSubstr(length));
+  EXPECT_LT(p.status().message().size(), 200u) << p.status().message();
+  pb::CompressionConfig bootstrap;
+  bootstrap.set_bootstrap(huge);
+  absl::StatusOr<compression::CompressionConfig> b = ToConfig(bootstrap, compression::CompressionConfig{});
+  EXPECT_THAT(b.status(), StatusIs(absl::StatusCode::kInvalidArgument, "compression.bootstrap: unknown bootstrap 'bad"));
+  EXPECT_THAT(b.status().message(), HasSubstr(length));
+  EXPECT_LT(b.status().message().size(), 200u) << b.status().message();
+  absl::StatusOr<MemoryMode> m = ParseMemoryMode(huge);
+  EXPECT_THAT(m.status(), StatusIs(absl::StatusCode::kInvalidArgument, "memory: unknown mode 'bad\\x01p"));
+  EXPECT_THAT(m.status().message(), HasSubstr(length));
+  EXPECT_LT(m.status().message().size(), 200u) << m.status().message();
+  // The parsers of compression/ itself (server flags, saved reports) too.
+  EXPECT_LT(compression::ParsePolicyKind(huge).status().message().size(), 200u);
+  EXPECT_LT(compression::ParseBootstrap(huge).status().message().size(), 200u);
 }
 
 }  // namespace
