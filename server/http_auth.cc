@@ -14,4 +14,11 @@ absl::StatusOr<Caller> CallerFromHttp(const httplib::Request& request, const Tok
   return Caller{who->tenant};
 }
 
+absl::StatusOr<Caller> CallerFromHead(const HttpRequestHead& head, const TokenStore* tokens) {
+  if (tokens == nullptr) return Caller{};
+  absl::StatusOr<AuthResult> who = tokens->VerifyAuthorization(head.Header("authorization"));
+  if (!who.ok()) return who.status();
+  return Caller{who->tenant};
+}
+
 }  // namespace echokv::server

@@ -6,12 +6,17 @@
 //
 //   absl::StatusOr<Caller> caller = CallerFromHttp(req, tokens);   // tokens null: open
 //   if (!caller.ok()) return Reply(res, ToHttpError(caller.status()));
+//
+// CallerFromHead does the same on the headers alone, before the body is read (the
+// front's gate, HttpOptions::gate): OpenAiServer refuses an unauthenticated request
+// there, so its body is never read (docs/SECURITY.md).
 #ifndef ECHOKV_SERVER_HTTP_AUTH_H_
 #define ECHOKV_SERVER_HTTP_AUTH_H_
 
 #include "absl/status/statusor.h"
 #include "server/auth.h"
 #include "server/engine.h"
+#include "server/http_util.h"
 
 namespace httplib {
 struct Request;
@@ -21,6 +26,7 @@ namespace echokv::server {
 
 // Caller{""} when `tokens` is null (--insecure); else the bearer token's tenant.
 absl::StatusOr<Caller> CallerFromHttp(const httplib::Request& request, const TokenStore* tokens);
+absl::StatusOr<Caller> CallerFromHead(const HttpRequestHead& head, const TokenStore* tokens);
 
 }  // namespace echokv::server
 

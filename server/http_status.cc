@@ -40,11 +40,13 @@ HttpError ToHttpError(const absl::Status& status) {
     case absl::StatusCode::kResourceExhausted:
       e.status = 429;
       e.type = "rate_limit_error";
+      e.retry_after_s = 1;
       break;
     case absl::StatusCode::kCancelled:
     case absl::StatusCode::kUnavailable:
       e.status = 503;
       e.type = "server_error";
+      e.retry_after_s = 1;
       break;
     case absl::StatusCode::kDeadlineExceeded:
       e.status = 504;
@@ -79,6 +81,13 @@ std::string HttpErrorJson(const HttpError& error) {
                    {"param", error.param.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(error.param)},
                    {"code", error.code.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(error.code)}};
   return body.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+std::vector<std::pair<std::string, std::string>> HttpErrorHeaders(const HttpError& error) {
+  std::vector<std::pair<std::string, std::string>> h;
+  if (error.no_retry) h.emplace_back("x-should-retry", "false");
+  if (error.retry_after_s > 0) h.emplace_back("Retry-After", std::to_string(error.retry_after_s));
+  return h;
 }
 
 }  // namespace echokv::server

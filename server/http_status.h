@@ -12,6 +12,8 @@
 #define ECHOKV_SERVER_HTTP_STATUS_H_
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -23,6 +25,10 @@ struct HttpError {
   std::string code;           // machine-readable code ("invalid_argument", "model_not_found", ...)
   std::string param;          // the request field at fault; "" = null
   std::string message;
+  // Response headers the OpenAI SDKs act on: `x-should-retry: false` for a refusal a
+  // retry cannot change (409 conversation_mismatch); `Retry-After: <s>` on 429 / 503.
+  bool no_retry = false;
+  int retry_after_s = 0;      // 0 = no header
 };
 
 // Status -> HTTP (docs/API.md "HTTP errors"):
@@ -36,7 +42,7 @@ struct HttpError {
 //   DEADLINE_EXCEEDED                               504 server_error
 //   INTERNAL, UNKNOWN, DATA_LOSS, other             500 server_error
 // `code` is the lower-case canonical name of the status code ("not_found").
-// Must not be called with OK.
+// 429 and 503 carry retry_after_s = 1. Must not be called with OK.
 HttpError ToHttpError(const absl::Status& status);
 
 // A 400 invalid_request_error naming `param` (a request field, e.g. "messages[2].role").
@@ -45,6 +51,9 @@ HttpError InvalidParam(const std::string& param, const std::string& message,
 
 // The error body above (compact JSON).
 std::string HttpErrorJson(const HttpError& error);
+
+// The headers of `error` (x-should-retry, Retry-After) as name/value pairs.
+std::vector<std::pair<std::string, std::string>> HttpErrorHeaders(const HttpError& error);
 
 }  // namespace echokv::server
 

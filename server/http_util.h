@@ -1,15 +1,27 @@
 // HTTP plumbing shared by echokv-server's two HTTP listeners (the OpenAI-compatible
 // API, server/openai_server.h, and Prometheus /metrics, server/metrics.h), both on
-// cpp-httplib (Debian libcpp-httplib-dev):
+// cpp-httplib (Debian libcpp-httplib-dev) for parsing, routing and writing responses,
+// behind a front of our own (docs/SECURITY.md, "Limits on an unauthenticated HTTP
+// client"):
 //
-//   - an elastic thread pool: a connection holds a worker for its whole life (httplib
-//     is thread-per-connection), so a fixed pool lets idle keep-alive connections
-//     starve real requests (the old /metrics thread served one connection at a time:
-//     each idle connection stalled scrapes for 2 s). The pool grows on demand up to
-//     `max_threads` and shrinks back when idle; beyond the cap, connections queue.
-//   - read / write / keep-alive timeouts, so an idle or stalled peer lets go of its
-//     worker within a bound;
-//   - binding "host:port" with port 0 = any free port, "[::]" / "::" / IPv4 hosts.
+//   - one poll thread accepts every connection and reads each request's line and
+//     headers itself, non-blocking, against a deadline for the whole head
+//     (`header_timeout`, counted from the head's first byte or from accept; a byte a
+//     second does not restart it) and a size cap (`max_header_bytes`, 431 beyond);
+//     a connection holds no worker until its head is complete, and an idle keep-alive
+//     connection goes back to the poll thread (closed after `keep_alive_timeout`), so
+//     slow or idle peers cannot occupy workers (slowloris, idle scrapers);
+//   - `gate` sees the complete head before any byte of the body is read and may answer
+//     it at once (authentication: 401 without reading a 17 MiB body); a declared body
+//     over `max_body_bytes` gets 413 there too; a refused connection is closed after
+//     a short linger that discards what the client still sends (so it sees the answer);
+//   - connections are capped per peer address and in total; at a cap the oldest
+//     connection of that peer (then of anyone) still waiting for its head is dropped
+//     for the new one, else the new one is closed, so a trickling peer can never shut
+//     out a client that sends its request at once;
+//   - complete requests run on an elastic worker pool (grows on demand up to
+//     `max_threads`, shrinks when idle; beyond the cap, requests queue) with httplib's
+//     request processing; bodies and writes keep per-operation timeouts.
 //
 //   ECHOKV_ASSIGN_OR_RETURN(auto listener, HttpListener::Start("0.0.0.0", 0, HttpOptions{},
 //       [&](httplib::Server& s) { s.Get("/metrics", handler); }));
@@ -22,11 +34,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace httplib {
@@ -35,19 +51,47 @@ class Server;
 
 namespace echokv::server {
 
+// A request's line and headers as the front read them, before any body byte.
+struct HttpRequestHead {
+  std::string method;              // "POST"
+  std::string path;                // the target without its query ("/v1/completions")
+  std::string peer;                // the client's address ("127.0.0.1", "::1")
+  int64_t content_length = -1;     // -1: no Content-Length header
+  bool chunked = false;            // Transfer-Encoding: chunked
+  std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased
+  // The first header named `lower_name` ("" if none).
+  std::string Header(absl::string_view lower_name) const;
+};
+
+// An answer the front writes itself (then closes the connection).
+struct HttpEarlyReply {
+  int status = 400;
+  std::string content_type = "text/plain";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
 struct HttpOptions {
-  // Worker threads at most (one per open connection; created on demand, ended after
-  // idling `thread_idle`). Connections beyond the cap wait in a queue.
+  // Worker threads at most (one per request being served or stream being written;
+  // created on demand, ended after idling `thread_idle`). Requests beyond wait.
   int max_threads = 64;
-  // Reading one request (line, headers, body) may stall this long between packets.
+  // The request line and headers must arrive whole within this of their first byte
+  // (of accept for a new connection): one total, not per read.
+  absl::Duration header_timeout = absl::Seconds(10);
+  // Largest request line + headers; 431 beyond.
+  int max_header_bytes = 32 << 10;
+  // Open connections at most, in total and from one peer address (accepted, waiting
+  // for a head, being served, idle keep-alive, lingering after a refusal).
+  int max_connections = 512;
+  int max_connections_per_peer = 256;
+  // Reading a body may stall this long between packets (heads: header_timeout).
   absl::Duration read_timeout = absl::Seconds(10);
   // A write may wait this long for the peer to take data (a stalled streaming reader
   // is dropped after it).
   absl::Duration write_timeout = absl::Seconds(10);
-  // An idle keep-alive connection is closed after this (whole seconds, >= 1: httplib's
-  // granularity).
+  // An idle keep-alive connection is closed after this.
   absl::Duration keep_alive_timeout = absl::Seconds(5);
-  // Largest request body; larger ones get 413 before the body is read.
+  // Largest request body; a larger Content-Length gets 413 before the body is read.
   int64_t max_body_bytes = int64_t{1} << 20;
   // SO_SNDBUF of every connection (accepted sockets inherit the listener's); 0 = the
   // kernel's autotuning (up to net.ipv4.tcp_wmem's max). A small buffer makes a stalled
@@ -55,13 +99,26 @@ struct HttpOptions {
   int send_buffer_bytes = 0;
   // Extra workers (above 1) exit after idling this long.
   absl::Duration thread_idle = absl::Seconds(30);
+  // Runs on the poll thread for every complete head, before the body is read: an
+  // answer refuses the request (the body is never read), nullopt lets it through.
+  // Must be quick (no I/O, no engine calls). Empty: everything passes.
+  std::function<std::optional<HttpEarlyReply>(const HttpRequestHead&)> gate;
   absl::Status Validate() const;  // names the bad field
 };
 
 // "[::]" -> "::", "[::1]" -> "::1"; other hosts unchanged ("" -> "0.0.0.0").
 std::string NormalizeHttpHost(const std::string& host);
 
-// One httplib::Server listening on its own accept thread.
+// Counters of one listener (tests, logs).
+struct HttpFrontStats {
+  int open = 0;                 // connections open now
+  int64_t header_timeouts = 0;  // closed: head not complete within header_timeout
+  int64_t evicted = 0;          // closed at a connection cap for a newer one
+  int64_t refused = 0;          // closed at once at a connection cap
+  int64_t gated = 0;            // answered by the gate (or 413/431/400) before the body
+};
+
+// One httplib::Server behind the front described above.
 class HttpListener {
  public:
   // Builds a server with `options`, lets `routes` register its handlers, binds
@@ -74,20 +131,20 @@ class HttpListener {
   HttpListener(const HttpListener&) = delete;
   HttpListener& operator=(const HttpListener&) = delete;
 
-  int port() const { return port_; }
-  // Closes the listening socket, ends chunked streams at their next step and joins
-  // every worker (handlers blocked on the engine must be released first, e.g. by
-  // Engine::Shutdown; an idle keep-alive connection ends within keep_alive_timeout).
+  int port() const;
+  HttpFrontStats stats() const;
+  // Closes the listening socket and every connection that is not being served, lets
+  // every request in progress finish (a chunked stream's provider should end itself:
+  // OpenAiServer writes an error event and [DONE]), then joins the workers (handlers
+  // blocked on the engine must be released first, e.g. by Engine::Shutdown).
   // Idempotent.
   void Stop();
 
- private:
-  HttpListener(std::unique_ptr<httplib::Server> server, int port);
+  class Impl;
 
-  std::unique_ptr<httplib::Server> server_;  // routes and sockets
-  int port_;                                  // the bound port
-  std::thread thread_;                        // runs listen_after_bind()
-  std::atomic<bool> stopped_{false};          // Stop() ran
+ private:
+  explicit HttpListener(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace echokv::server

@@ -78,6 +78,13 @@ ABSL_FLAG(absl::Duration, http_write_timeout, absl::Seconds(60),
           "cancelled)");
 ABSL_FLAG(absl::Duration, http_keep_alive_timeout, absl::Seconds(5),
           "HTTP API: an idle keep-alive connection is closed after this (whole seconds)");
+ABSL_FLAG(absl::Duration, http_header_timeout, absl::Seconds(10),
+          "HTTP API: a request's line and headers must arrive whole within this (one total, not per read; "
+          "408 and close beyond)");
+ABSL_FLAG(int, http_max_connections, 512, "HTTP API: open connections at most (the oldest waiting for its "
+          "headers is dropped for a new one)");
+ABSL_FLAG(int, http_max_connections_per_peer, 256,
+          "HTTP API: open connections at most from one client address (the same rule per address)");
 ABSL_FLAG(int, http_send_buffer_bytes, 0,
           "HTTP API: SO_SNDBUF of each connection; 0 = kernel autotuning. Smaller: a stalled streaming client "
           "holds its generation back sooner");
@@ -268,6 +275,9 @@ int Run() {
   metrics_http.read_timeout = absl::Seconds(5);
   metrics_http.write_timeout = absl::Seconds(10);
   metrics_http.keep_alive_timeout = absl::Seconds(2);
+  metrics_http.header_timeout = absl::Seconds(5);
+  metrics_http.max_connections = 256;
+  metrics_http.max_connections_per_peer = 128;
   if (absl::Status s = metrics_http.Validate(); !s.ok()) {
     ECHOKV_LOG(ERROR) << "--metrics_" << s.message();
     return 2;
@@ -344,6 +354,9 @@ int Run() {
     hc.http.read_timeout = absl::GetFlag(FLAGS_http_read_timeout);
     hc.http.write_timeout = absl::GetFlag(FLAGS_http_write_timeout);
     hc.http.keep_alive_timeout = absl::GetFlag(FLAGS_http_keep_alive_timeout);
+    hc.http.header_timeout = absl::GetFlag(FLAGS_http_header_timeout);
+    hc.http.max_connections = absl::GetFlag(FLAGS_http_max_connections);
+    hc.http.max_connections_per_peer = absl::GetFlag(FLAGS_http_max_connections_per_peer);
     hc.http.send_buffer_bytes = absl::GetFlag(FLAGS_http_send_buffer_bytes);
     hc.http.max_body_bytes = absl::GetFlag(FLAGS_http_max_body_bytes) > 0
                                  ? absl::GetFlag(FLAGS_http_max_body_bytes)

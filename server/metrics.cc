@@ -197,8 +197,14 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind
     if (colon == std::string::npos || !absl::SimpleAtoi(bind_address.substr(colon + 1), &port)) {
       return absl::InvalidArgumentError(absl::StrCat("metrics address must be host:port, not '", bind_address, "'"));
     }
+    // Only GET /metrics is served: a request with a body is refused before it is read.
+    HttpOptions http = options;
+    http.gate = [](const HttpRequestHead& head) -> std::optional<HttpEarlyReply> {
+      if (head.content_length <= 0 && !head.chunked) return std::nullopt;
+      return HttpEarlyReply{413, "text/plain", "only GET /metrics is served here (no request body)\n", {}};
+    };
     absl::StatusOr<std::unique_ptr<HttpListener>> listener = HttpListener::Start(
-        bind_address.substr(0, colon), port, options, [metrics](httplib::Server& server) {
+        bind_address.substr(0, colon), port, http, [metrics](httplib::Server& server) {
           server.Get("/metrics", [metrics](const httplib::Request&, httplib::Response& res) {
             res.set_content(metrics->Render(), "text/plain; version=0.0.4; charset=utf-8");
           });

@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/echo.h"
 
 namespace echokv::server::openai {
 namespace {
@@ -140,7 +141,17 @@ bool ParseBody(absl::string_view body, json* out, HttpError* error) {
     // parse_error for malformed text, and out_of_range for a number beyond a double
     // ("1e999": nlohmann throws error 406, not a parse_error): both a 400 naming the body,
     // never an exception into the HTTP library (a 500). Found by tests/fuzz/fuzz_edge.
-    *error = InvalidParam("", absl::StrCat("the request body is not valid JSON: ", e.what()), "invalid_json");
+    // nlohmann quotes the token it last read (a whole 1 MB string): at most a prefix of it.
+    absl::string_view what = e.what();
+    std::string message = absl::StrCat("the request body is not valid JSON: ", what);
+    if (const size_t at = what.find("last read: "); at != absl::string_view::npos) {
+      const size_t from = at + 11;
+      const size_t to = what.find(';', from);
+      const absl::string_view token = what.substr(from, to == absl::string_view::npos ? what.npos : to - from);
+      message = absl::StrCat("the request body is not valid JSON: ", what.substr(0, from), EchoPrefix(token),
+                             to == absl::string_view::npos ? "" : what.substr(to));
+    }
+    *error = InvalidParam("", message, "invalid_json");
     error->param.clear();
     return false;
   }
@@ -276,7 +287,7 @@ bool ParseContent(Fields& m, const std::string& role, std::string* out) {
     if (type == part.end() || !type->is_string()) return m.Fail(absl::StrCat(name, ".type"), "must be a string");
     if (type->get<std::string>() != "text") {
       return m.Fail(absl::StrCat(name, ".type"),
-                    absl::StrCat("only \"text\" content parts are supported, not \"", type->get<std::string>(), "\""),
+                    absl::StrCat("only \"text\" content parts are supported, not ", EchoPrefix(type->get<std::string>())),
                     "unsupported_value");
     }
     auto text = part.find("text");
@@ -305,11 +316,11 @@ bool ParseMessages(const json& body, std::vector<model::ChatMessage>* out, HttpE
     role = r->get<std::string>();
     if (role == "developer") role = "system";  // OpenAI's newer name for the system role
     if (role == "tool" || role == "function") {
-      return m.Fail("role", absl::StrCat("\"", role, "\" messages are not supported (no tool calling yet)"),
+      return m.Fail("role", absl::StrCat(EchoPrefix(role), " messages are not supported (no tool calling yet)"),
                     "unsupported_value");
     }
     if (role != "system" && role != "user" && role != "assistant") {
-      return m.Fail("role", absl::StrCat("must be one of system, developer, user, assistant; not \"", role, "\""));
+      return m.Fail("role", absl::StrCat("must be one of system, developer, user, assistant; not ", EchoPrefix(role)));
     }
     if (const json* calls = m.Get("tool_calls"); calls != nullptr && !(calls->is_array() && calls->empty())) {
       return m.Fail("tool_calls", "is not supported (no tool calling yet)", "unsupported_parameter");
@@ -410,7 +421,7 @@ bool ParseChatRequest(absl::string_view body, ChatRequest* out, HttpError* error
     if (type == rf->end() || !type->is_string()) return f.Fail("response_format.type", "must be a string");
     if (*type != "text") {
       return f.Fail("response_format.type",
-                    absl::StrCat("only \"text\" is supported, not \"", type->get<std::string>(), "\""),
+                    absl::StrCat("only \"text\" is supported, not ", EchoPrefix(type->get<std::string>())),
                     "unsupported_value");
     }
   }
@@ -424,27 +435,54 @@ bool ParseCompletionRequest(absl::string_view body, CompletionRequest* out, Http
   Fields f(j, "", error);
   const json* p = f.Get("prompt");
   if (p == nullptr) return f.Fail("prompt", "is required", "missing");
-  // A string, [string], [int...] or [[int...]]: one prompt per request.
-  const json* prompt = p;
-  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) prompt = &(*p)[0];
-  if (prompt->is_string()) {
-    out->text = prompt->get<std::string>();
-  } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_number_integer()) {
-    out->token_prompt = true;
-    for (size_t i = 0; i < prompt->size(); ++i) {
-      const json& t = (*prompt)[i];
-      if (!t.is_number_integer()) return f.WrongType(absl::StrCat("prompt[", i, "]"), "an integer (token id)", t);
+  // A string or token ids [int...] (one prompt), or a list of them ([string...],
+  // [[int...]...]: one choice per prompt, as OpenAI does).
+  auto token_ids = [&f](const json& arr, const std::string& name, CompletionPrompt* out) {
+    out->tokens = true;
+    for (size_t i = 0; i < arr.size(); ++i) {
+      const json& t = arr[i];
+      const std::string at = absl::StrCat(name, "[", i, "]");
+      if (!t.is_number_integer()) return f.WrongType(at, "an integer (token id)", t);
       const int64_t id = t.get<int64_t>();
-      if (id < 0 || id > INT32_MAX) return f.Fail(absl::StrCat("prompt[", i, "]"), "is not a token id");
-      out->tokens.push_back(static_cast<int>(id));
+      if (id < 0 || id > INT32_MAX) return f.Fail(at, "is not a token id");
+      out->ids.push_back(static_cast<int>(id));
     }
-  } else if (p->is_array() && p->size() > 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
-    return f.Fail("prompt", absl::StrCat("one prompt per request (got ", p->size(), ")"), "unsupported_value");
-  } else if (p->is_array() && p->empty()) {
+    return true;
+  };
+  if (p->is_string()) {
+    out->prompts.push_back(CompletionPrompt{false, p->get<std::string>(), {}});
+  } else if (!p->is_array()) {
+    return f.WrongType("prompt", "a string, an array of token ids, or an array of these", *p);
+  } else if (p->empty()) {
     return f.Fail("prompt", "must not be empty");
+  } else if ((*p)[0].is_number()) {
+    CompletionPrompt one;
+    if (!token_ids(*p, "prompt", &one)) return false;
+    out->prompts.push_back(std::move(one));
   } else {
-    return f.WrongType("prompt", "a string, an array of token ids, or an array with one of these", *p);
+    if (p->size() > static_cast<size_t>(kMaxPrompts)) {
+      return f.Fail("prompt", absl::StrCat("at most ", kMaxPrompts, " prompts per request, not ", p->size()),
+                    "too_many_prompts");
+    }
+    for (size_t i = 0; i < p->size(); ++i) {
+      const json& e = (*p)[i];
+      const std::string name = absl::StrCat("prompt[", i, "]");
+      CompletionPrompt one;
+      if (e.is_string()) {
+        one.text = e.get<std::string>();
+      } else if (e.is_array() && !e.empty()) {
+        if (!token_ids(e, name, &one)) return false;
+      } else if (e.is_array()) {
+        return f.Fail(name, "must not be empty");
+      } else {
+        return f.WrongType(name, "a string or an array of token ids", e);
+      }
+      out->prompts.push_back(std::move(one));
+    }
   }
+  out->token_prompt = out->prompts[0].tokens;
+  out->text = out->prompts[0].text;
+  out->tokens = out->prompts[0].ids;
   int logprobs = 0;
   if (f.Int("logprobs", 0, 20, &logprobs)) {
     out->gen.sampling.logprobs = true;
@@ -463,8 +501,8 @@ bool ParseCompletionRequest(absl::string_view body, CompletionRequest* out, Http
 
 bool ResolveSession(const std::string& body_id, const std::string& header_id, SessionRef* out, HttpError* error) {
   if (!body_id.empty() && !header_id.empty() && body_id != header_id) {
-    *error = InvalidParam("session_id", absl::StrCat("session_id \"", body_id, "\" and the x-echokv-session header \"",
-                                                     header_id, "\" differ; send one"));
+    *error = InvalidParam("session_id", absl::StrCat("session_id ", EchoPrefix(body_id), " and the x-echokv-session header ",
+                                                     EchoPrefix(header_id), " differ; send one"));
     return false;
   }
   const std::string& id = body_id.empty() ? header_id : body_id;

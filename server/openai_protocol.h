@@ -73,9 +73,22 @@ struct ChatRequest {
   bool add_generation_prompt = true;   // extension (vLLM's name)
 };
 
+// One prompt of /v1/completions: text, or token ids.
+struct CompletionPrompt {
+  bool tokens = false;
+  std::string text;
+  std::vector<int> ids;
+};
+
+// Prompts in one /v1/completions request at most (each is its own choice; they run one
+// after the other). More: 400 naming `prompt`, code too_many_prompts.
+inline constexpr int kMaxPrompts = 16;
+
 struct CompletionRequest {
   GenerationRequest gen;
-  // Exactly one of: text (a string prompt) or tokens (token-id prompt).
+  // Every prompt, in order: choice i answers prompts[i]. Never empty after a parse.
+  std::vector<CompletionPrompt> prompts;
+  // prompts[0]: exactly one of text (a string prompt) or tokens (token-id prompt).
   bool token_prompt = false;
   std::string text;
   std::vector<int> tokens;
@@ -85,7 +98,8 @@ struct CompletionRequest {
 // param null, the parser's position in the message). Unknown fields are ignored (as
 // OpenAI does); known fields of the wrong type or out of range are errors; features
 // echokv does not have (n > 1, tools, logit_bias, response_format json, echo, suffix,
-// best_of > 1, non-text content parts) are refused by name.
+// best_of > 1, non-text content parts) are refused by name. Client strings quoted in a
+// message are cut to common/echo.h's EchoPrefix.
 // max_tokens / max_completion_tokens must be in [1, max_new_tokens] (the server's
 // limits.max_new_tokens: the bound checked is the bound the message states).
 bool ParseChatRequest(absl::string_view body, ChatRequest* out, HttpError* error,

@@ -12,8 +12,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/echo.h"
 #include "server/http_auth.h"
 #include "server/http_status.h"
 #include "server/openai_protocol.h"
@@ -170,6 +173,14 @@ class Generation : public std::enable_shared_from_this<Generation> {
 HttpError EngineError(const absl::Status& status, ApiKind kind, const std::string& max_tokens_param) {
   HttpError e = ToHttpError(status);
   const absl::string_view m = status.message();
+  if (status.code() == absl::StatusCode::kInvalidArgument &&
+      (absl::StrContains(m, "exceed max_context_tokens") || absl::StrContains(m, "beyond max_context_tokens"))) {
+    // OpenAI's shape for a context overflow (LangChain raises its overflow error on it),
+    // whether the prompt or prompt + max_tokens is what does not fit.
+    e.code = "context_length_exceeded";
+    e.param = kind == ApiKind::kChat ? "messages" : "prompt";
+    return e;
+  }
   if (status.code() == absl::StatusCode::kInvalidArgument || status.code() == absl::StatusCode::kUnimplemented) {
     if (absl::StartsWith(m, "input")) {
       e.param = kind == ApiKind::kChat ? "messages" : "prompt";
@@ -206,6 +217,7 @@ class OpenAiServer::Impl {
   int64_t created = 0;                        // Unix seconds at start (GET /v1/models)
   std::unique_ptr<openai::TokenTable> tokens; // logprobs token strings
   std::atomic<bool> draining{false};
+  std::atomic<bool> stopping{false};          // Stop(): streams end with an error event
   std::atomic<int> in_flight{0};              // completion requests running
   std::unique_ptr<HttpListener> listener;
 
@@ -225,22 +237,28 @@ class OpenAiServer::Impl {
         impl->engine->DeleteSession(caller, temporary_session, [](absl::StatusOr<int64_t>) {});
       }
       if (slot && impl->slots.release) impl->slots.release(caller.tenant);
-      if (impl->metrics != nullptr) impl->metrics->OnHttpRequest(route, status);
+      if (impl->metrics != nullptr && route != nullptr) impl->metrics->OnHttpRequest(route, status);
       impl->in_flight.fetch_sub(1);
     }
   };
 
   void Routes(httplib::Server& s);
+  // The front's look at a complete head, before the body is read (HttpOptions::gate):
+  // the bearer token (401), a body on /health (400), a body over the limit (413).
+  std::optional<HttpEarlyReply> Gate(const HttpRequestHead& head) const;
 
  private:
-  void Reply(Call* call, httplib::Response& res, const HttpError& e) {
+  void Reply(Call* call, httplib::Response& res, HttpError e) {
     if (call != nullptr) call->status = e.status;
+    // The conversation differs from the session's: the same request fails again.
+    if (e.code == "conversation_mismatch") e.no_retry = true;
     res.status = e.status;
+    for (const auto& [name, value] : HttpErrorHeaders(e)) res.set_header(name, value);
     res.set_content(HttpErrorJson(e), kJson);
   }
   bool CheckModel(const std::string& model, HttpError* e) const {
     if (model == model_name || model == config.model_alias) return true;
-    *e = ToHttpError(absl::NotFoundError(absl::StrCat("The model '", model, "' does not exist; this server serves '",
+    *e = ToHttpError(absl::NotFoundError(absl::StrCat("The model ", EchoPrefix(model), " does not exist; this server serves '",
                                                       model_name, "' (alias '", config.model_alias, "')")));
     e->param = "model";
     e->code = "model_not_found";
@@ -256,6 +274,10 @@ class OpenAiServer::Impl {
                 InputSpec input, std::shared_ptr<Call> call);
   void HandleChat(const httplib::Request& req, httplib::Response& res);
   void HandleCompletion(const httplib::Request& req, httplib::Response& res);
+  // /v1/completions with several prompts (stateless only): each runs through Complete
+  // in turn; choice i answers prompt i, usage sums over them.
+  void CompleteMany(const httplib::Request& req, httplib::Response& res, openai::CompletionRequest cr,
+                    std::shared_ptr<Call> call);
   // Auth, drain and parse checks shared by both; false: `res` holds the error.
   bool Admit(const httplib::Request& req, httplib::Response& res, Call* call);
   nlohmann::ordered_json ModelJson() const {
@@ -268,7 +290,7 @@ absl::StatusOr<compression::CompressionConfig> OpenAiServer::Impl::ConfigFrom(co
   if (o.policy.has_value()) {
     absl::StatusOr<compression::PolicyKind> kind = compression::ParsePolicyKind(*o.policy);
     if (!kind.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("echokv.policy: unknown policy '", *o.policy, "'; one of ",
+      return absl::InvalidArgumentError(absl::StrCat("echokv.policy: unknown policy ", EchoPrefix(*o.policy), "; one of ",
                                                      absl::StrJoin(engine->facts().policies, ", ")));
     }
     cfg.policy = *kind;
@@ -505,6 +527,19 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
           const std::string first = state->builder.FirstChunk();
           if (!first.empty()) out = openai::SseEvent(first);
         }
+        if (call->impl->stopping.load()) {
+          // Stop (SIGTERM): what is still queued for a slow reader is dropped; the stream
+          // ends with an explicit error event and [DONE], never a bare close.
+          generation->cancel()->store(true);
+          const HttpError e = ToHttpError(absl::UnavailableError("the server is shutting down; the stream ends here"));
+          call->status = e.status;
+          out += openai::SseEvent(HttpErrorJson(e));
+          out += std::string(openai::kSseDone);
+          if (!sink.write(out.data(), out.size())) return false;
+          state->delivered = true;
+          sink.done();
+          return true;
+        }
         std::vector<GenerateDelta> deltas;
         switch (generation->Take(kStreamPoll, &deltas)) {
           case Generation::Next::kDeltas: {
@@ -571,6 +606,7 @@ void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::
   if (!openai::ParseCompletionRequest(req.body, &cr, &err, engine->facts().limits.max_new_tokens)) {
     return Reply(call.get(), res, err);
   }
+  if (cr.prompts.size() > 1) return CompleteMany(req, res, std::move(cr), std::move(call));
   InputSpec input;
   if (cr.token_prompt) {
     input.kind = InputSpec::Kind::kTokens;
@@ -580,6 +616,203 @@ void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::
     input.text = std::move(cr.text);
   }
   Complete(req, res, ApiKind::kCompletion, cr.gen, std::move(input), std::move(call));
+}
+
+namespace {
+
+InputSpec InputOf(const openai::CompletionPrompt& prompt) {
+  InputSpec input;
+  if (prompt.tokens) {
+    input.kind = InputSpec::Kind::kTokens;
+    input.tokens = prompt.ids;
+  } else {
+    input.kind = InputSpec::Kind::kText;
+    input.text = prompt.text;
+  }
+  return input;
+}
+
+void CopyReply(const httplib::Response& from, httplib::Response& to) {
+  to.status = from.status;
+  for (const auto& [name, value] : from.headers) to.set_header(name, value);
+  to.body = from.body;
+}
+
+}  // namespace
+
+void OpenAiServer::Impl::CompleteMany(const httplib::Request& req, httplib::Response& res,
+                                      openai::CompletionRequest cr, std::shared_ptr<Call> call) {
+  const size_t n = cr.prompts.size();
+  if (!cr.gen.session_id.empty() || !req.get_header_value(kSessionHeader).empty()) {
+    return Reply(call.get(), res,
+                 InvalidParam("prompt", absl::StrCat("prompt: a session continues one text: send one prompt with "
+                                                     "session_id, not ", n),
+                              "unsupported_value"));
+  }
+  // One prompt through Complete on a Call of its own (no metrics of its own: the
+  // outer call counts the request); it inherits the caller and takes its own slot.
+  auto run = [this, &req, call](const openai::CompletionRequest& r, size_t i, httplib::Response* out) {
+    auto inner = std::make_shared<Call>(this, nullptr);
+    inner->caller = call->caller;
+    Complete(req, *out, ApiKind::kCompletion, r.gen, InputOf(r.prompts[i]), std::move(inner));
+  };
+  if (!cr.gen.stream) {
+    nlohmann::ordered_json whole;
+    nlohmann::ordered_json choices = nlohmann::ordered_json::array();
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+    for (size_t i = 0; i < n; ++i) {
+      httplib::Response one;
+      run(cr, i, &one);
+      if (one.status != 200) {
+        call->status = one.status;
+        return CopyReply(one, res);
+      }
+      nlohmann::ordered_json j = nlohmann::ordered_json::parse(one.body);
+      for (auto& c : j["choices"]) {
+        c["index"] = i;
+        choices.push_back(std::move(c));
+      }
+      prompt_tokens += j["usage"]["prompt_tokens"].get<int64_t>();
+      completion_tokens += j["usage"]["completion_tokens"].get<int64_t>();
+      if (i == 0) whole = std::move(j);
+    }
+    whole["choices"] = std::move(choices);
+    whole["usage"] = {{"prompt_tokens", prompt_tokens},
+                      {"completion_tokens", completion_tokens},
+                      {"total_tokens", prompt_tokens + completion_tokens}};
+    res.status = 200;
+    res.set_content(openai::Dump(whole), kJson);
+    return;
+  }
+  // Streaming: prompt i's events (index i) follow prompt i-1's; one [DONE] at the end.
+  struct Many {
+    openai::CompletionRequest cr;
+    size_t i = 0;
+    std::unique_ptr<httplib::Response> inner;  // prompt i's response (its stream)
+    std::string id;                             // the first chunk's id, used by all
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+    bool failed = false;                        // an error event was passed on
+  };
+  auto st = std::make_shared<Many>();
+  st->cr = std::move(cr);
+  st->inner = std::make_unique<httplib::Response>();
+  run(st->cr, 0, st->inner.get());
+  if (st->inner->status != 200 || !st->inner->content_provider_) {
+    call->status = st->inner->status;
+    return CopyReply(*st->inner, res);
+  }
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  // Rewrites prompt i's events: index i, one id; its usage chunk and [DONE] are kept back.
+  auto rewrite = [st](absl::string_view events) {
+    std::string out;
+    for (absl::string_view ev : absl::StrSplit(events, "\n\n", absl::SkipEmpty())) {
+      if (!absl::ConsumePrefix(&ev, "data: ") || ev == "[DONE]") continue;
+      nlohmann::ordered_json j = nlohmann::ordered_json::parse(ev, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) continue;
+      if (j.contains("error")) {
+        st->failed = true;
+      } else if (j.contains("choices") && j["choices"].empty()) {  // include_usage's chunk
+        st->prompt_tokens += j["usage"]["prompt_tokens"].get<int64_t>();
+        st->completion_tokens += j["usage"]["completion_tokens"].get<int64_t>();
+        continue;
+      } else {
+        if (st->id.empty()) st->id = j["id"].get<std::string>();
+        j["id"] = st->id;
+        for (auto& c : j["choices"]) c["index"] = st->i;
+      }
+      out += openai::SseEvent(openai::Dump(j));
+    }
+    return out;
+  };
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, st, rewrite, run, call](size_t, httplib::DataSink& sink) -> bool {
+        bool inner_done = false, write_ok = true;
+        httplib::DataSink inner;
+        inner.write = [&](const char* d, size_t l) {
+          const std::string out = rewrite(absl::string_view(d, l));
+          if (!out.empty()) write_ok = sink.write(out.data(), out.size());
+          return write_ok;
+        };
+        inner.done = [&] { inner_done = true; };
+        inner.is_writable = [&] { return sink.is_writable(); };
+        if (!st->inner->content_provider_(0, 0, inner) || !write_ok) return false;
+        if (!inner_done) return true;
+        st->inner->content_provider_success_ = true;
+        st->inner.reset();  // its releaser waits for its generation; its Call ends
+        std::string out;
+        if (!st->failed && ++st->i < st->cr.prompts.size()) {
+          st->inner = std::make_unique<httplib::Response>();
+          run(st->cr, st->i, st->inner.get());
+          if (st->inner->status == 200 && st->inner->content_provider_) return true;
+          call->status = st->inner->status;
+          out = openai::SseEvent(st->inner->body);  // the error object, as a stream's error event
+          st->inner.reset();
+        } else if (!st->failed && st->cr.gen.include_usage) {
+          nlohmann::ordered_json u{{"id", st->id}, {"object", "text_completion"}, {"created", absl::ToUnixSeconds(absl::Now())},
+                                   {"model", model_name}, {"choices", nlohmann::ordered_json::array()},
+                                   {"usage", {{"prompt_tokens", st->prompt_tokens},
+                                              {"completion_tokens", st->completion_tokens},
+                                              {"total_tokens", st->prompt_tokens + st->completion_tokens}}}};
+          out = openai::SseEvent(openai::Dump(u));
+        }
+        out += std::string(openai::kSseDone);
+        if (!sink.write(out.data(), out.size())) return false;
+        sink.done();
+        return true;
+      },
+      [st](bool) { st->inner.reset(); });  // a prompt not finished: its releaser cancels it
+}
+
+std::optional<HttpEarlyReply> OpenAiServer::Impl::Gate(const HttpRequestHead& head) const {
+  auto early = [](const HttpError& e) {
+    HttpEarlyReply r;
+    r.status = e.status;
+    r.content_type = kJson;
+    r.body = HttpErrorJson(e);
+    r.headers = HttpErrorHeaders(e);
+    return r;
+  };
+  if (head.path == "/health") {
+    if (head.method != "GET" && head.method != "HEAD") {  // answered here: no body is read for it
+      HttpError e;
+      e.status = 405;
+      e.type = "invalid_request_error";
+      e.code = "method_not_allowed";
+      e.message = absl::StrCat(EchoPrefix(head.method), " is not allowed on /health; use GET");
+      HttpEarlyReply r = early(e);
+      r.headers.emplace_back("Allow", "GET");
+      return r;
+    }
+    if (head.content_length <= 0 && !head.chunked) return std::nullopt;
+    HttpError e = InvalidParam("", "GET /health takes no request body", "bad_request");
+    e.param.clear();
+    return early(e);
+  }
+  if (config.tokens != nullptr) {
+    if (absl::StatusOr<Caller> who = CallerFromHead(head, config.tokens); !who.ok()) {
+      HttpEarlyReply r = early(ToHttpError(who.status()));
+      r.headers.emplace_back("WWW-Authenticate", "Bearer");
+      if (metrics != nullptr) {
+        const bool known = head.path == "/v1/chat/completions" || head.path == "/v1/completions" ||
+                           head.path == "/v1/models" || absl::StartsWith(head.path, "/v1/models/");
+        metrics->OnHttpRequest(known ? (absl::StartsWith(head.path, "/v1/models") ? "/v1/models" : head.path) : "other",
+                               401);
+      }
+      return r;
+    }
+  }
+  if (head.content_length > config.http.max_body_bytes) {
+    HttpError e;
+    e.status = 413;
+    e.type = "invalid_request_error";
+    e.code = "request_too_large";
+    e.message = absl::StrCat("the request body exceeds ", config.http.max_body_bytes, " bytes (--http_max_body_bytes)");
+    return early(e);
+  }
+  return std::nullopt;
 }
 
 void OpenAiServer::Impl::Routes(httplib::Server& s) {
@@ -623,11 +856,25 @@ void OpenAiServer::Impl::Routes(httplib::Server& s) {
     e.status = res.status;
     e.type = "invalid_request_error";
     switch (res.status) {
-      case 404:
+      case 404: {
+        // A known path with another method: 405 and the methods it has.
+        const std::string allow =
+            req.path == "/v1/chat/completions" || req.path == "/v1/completions" ? "POST"
+            : req.path == "/v1/models" || absl::StartsWith(req.path, "/v1/models/") || req.path == "/health"
+                ? "GET"
+                : "";
+        if (!allow.empty()) {
+          res.status = e.status = 405;
+          e.code = "method_not_allowed";
+          e.message = absl::StrCat(EchoPrefix(req.method), " is not allowed on ", req.path, "; use ", allow);
+          res.set_header("Allow", allow);
+          break;
+        }
         e.code = "not_found";
-        e.message = absl::StrCat("no route for ", req.method, " ", req.path,
+        e.message = absl::StrCat("no route for ", EchoPrefix(req.method), " ", EchoPrefix(req.path),
                                  " (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health)");
         break;
+      }
       case 413:
         e.code = "request_too_large";
         e.message = absl::StrCat("the request body exceeds ", max_body, " bytes (--http_max_body_bytes)");
@@ -673,8 +920,10 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Engine* engine
   impl->created = absl::ToUnixSeconds(absl::Now());
   impl->tokens = std::make_unique<openai::TokenTable>(engine->tokenizer());
   Impl* raw = impl.get();
+  HttpOptions http = config.http;
+  http.gate = [raw](const HttpRequestHead& head) { return raw->Gate(head); };
   absl::StatusOr<std::unique_ptr<HttpListener>> listener =
-      HttpListener::Start(config.host, config.port, config.http, [raw](httplib::Server& s) { raw->Routes(s); });
+      HttpListener::Start(config.host, config.port, http, [raw](httplib::Server& s) { raw->Routes(s); });
   if (!listener.ok()) {
     return absl::Status(listener.status().code(), absl::StrCat("http: ", listener.status().message()));
   }
@@ -689,6 +938,7 @@ int OpenAiServer::in_flight() const { return impl_->in_flight.load(); }
 
 void OpenAiServer::Stop() {
   impl_->draining.store(true);
+  impl_->stopping.store(true);  // streams still open end with an error event and [DONE]
   if (impl_->listener != nullptr) impl_->listener->Stop();
 }
 

@@ -1,9 +1,12 @@
 // echokv-server's second door: an OpenAI-compatible HTTP API on the same Engine as the
-// gRPC service (docs/API.md, "HTTP API"), on cpp-httplib with its own port, a growing
-// worker pool and timeouts (server/http_util.h).
+// gRPC service (docs/API.md, "HTTP API"), on cpp-httplib with its own port behind the
+// front of server/http_util.h (head deadline, connection caps, a growing worker pool).
+// Its gate checks the bearer token on the headers, before any body byte is read
+// (docs/SECURITY.md, "Limits on an unauthenticated HTTP client").
 //
 //   POST /v1/chat/completions   chat, non-streaming or `stream: true` (server-sent events)
-//   POST /v1/completions        legacy text completions, the same
+//   POST /v1/completions        legacy text completions, the same; a prompt list gives
+//                               one choice per prompt (stateless requests only)
 //   GET  /v1/models             the served model (and GET /v1/models/{id})
 //   GET  /health                200 while serving, 503 when draining or the engine is stuck
 //
@@ -70,7 +73,8 @@ class OpenAiServer {
   void Drain();
   // Completion requests in flight.
   int in_flight() const;
-  // Stops listening and joins the workers. Handlers waiting on the engine must be
+  // Stops listening and joins the workers; a stream still open ends with an error
+  // event (503 server_error) and [DONE]. Handlers waiting on the engine must be
   // released first (Engine::CancelAll / Shutdown). Idempotent.
   void Stop();
 

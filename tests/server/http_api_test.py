@@ -560,7 +560,7 @@ class ErrorsTest(HttpTestCase):
         missing = dict(good)
         del missing["model"]
         self.assertOpenAiError(*post("/v1/chat/completions", missing)[::2], 400, "model")
-        for change, param in [({"prompt": {}}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"),
+        for change, param in [({"prompt": {}}, "prompt"), ({"prompt": ["a", 5]}, "prompt[1]"),
                               ({"echo": True}, "echo"), ({"best_of": 2}, "best_of"),
                               ({"logprobs": True}, "logprobs"), ({"prompt": [1, "x"]}, "prompt[1]")]:
             with self.subTest(change=change):

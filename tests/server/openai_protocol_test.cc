@@ -275,7 +275,11 @@ TEST(ParseCompletionRequest, PromptForms) {
 
   const std::vector<std::pair<std::string, std::string>> bad = {
       {R"({"model":"m"})", "prompt"},
-      {R"({"model":"m","prompt":["a","b"]})", "prompt"},
+      {R"({"model":"m","prompt":["a",5]})", "prompt[1]"},
+      {R"({"model":"m","prompt":[[1],[]]})", "prompt[1]"},
+      {R"({"model":"m","prompt":[[1],[2,"x"]]})", "prompt[1][1]"},
+      {R"({"model":"m","prompt":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]})",
+       "prompt"},
       {R"({"model":"m","prompt":[]})", "prompt"},
       {R"({"model":"m","prompt":[1,-2]})", "prompt[1]"},
       {R"({"model":"m","prompt":[1,"a"]})", "prompt[1]"},
@@ -293,6 +297,62 @@ TEST(ParseCompletionRequest, PromptForms) {
     EXPECT_EQ(err.param, param) << body << ": " << err.message;
     EXPECT_EQ(err.status, 400);
   }
+}
+
+// Issue 25 point 10: a list of prompts is one choice per prompt (OpenAI's behaviour,
+// LangChain's generate(["a", "b"])), strings or token-id lists.
+TEST(ParseCompletionRequest, PromptLists) {
+  CompletionRequest r;
+  HttpError e;
+  ASSERT_TRUE(ParseCompletionRequest(R"({"model":"m","prompt":["a","b",""]})", &r, &e)) << e.message;
+  ASSERT_EQ(r.prompts.size(), 3u);
+  EXPECT_EQ(r.prompts[0].text, "a");
+  EXPECT_EQ(r.prompts[1].text, "b");
+  EXPECT_FALSE(r.prompts[2].tokens);
+  EXPECT_EQ(r.text, "a");
+  CompletionRequest t;
+  ASSERT_TRUE(ParseCompletionRequest(R"({"model":"m","prompt":[[1,2],[3]]})", &t, &e)) << e.message;
+  ASSERT_EQ(t.prompts.size(), 2u);
+  EXPECT_TRUE(t.prompts[1].tokens);
+  EXPECT_EQ(t.prompts[1].ids, std::vector<int>({3}));
+  EXPECT_EQ(t.tokens, std::vector<int>({1, 2}));
+  CompletionRequest one;
+  ASSERT_TRUE(ParseCompletionRequest(R"({"model":"m","prompt":[7,8]})", &one, &e));
+  EXPECT_EQ(one.prompts.size(), 1u);
+  CompletionRequest many;
+  const std::string sixteen = R"({"model":"m","prompt":["1","2","3","4","5","6","7","8","9","a","b","c","d","e","f","g"]})";
+  ASSERT_TRUE(ParseCompletionRequest(sixteen, &many, &e));
+  EXPECT_EQ(many.prompts.size(), static_cast<size_t>(kMaxPrompts));
+}
+
+// Issue 25 point 6: client strings in errors are EchoPrefix'ed (at most 40 bytes).
+TEST(ParseChatRequest, EchoedStringsAreCut) {
+  const std::string big(1 << 20, 'r');
+  ChatRequest r;
+  HttpError e;
+  const std::string body = json{{"model", "m"}, {"messages", json::array({json{{"role", big}, {"content", "x"}}})}}.dump();
+  ASSERT_FALSE(ParseChatRequest(body, &r, &e));
+  EXPECT_EQ(e.param, "messages[0].role");
+  EXPECT_LT(e.message.size(), 200u) << e.message.substr(0, 300);
+  EXPECT_NE(e.message.find("(1048576 bytes)"), std::string::npos) << e.message;
+  // An unterminated 1 MB string: the parser's "last read" is cut too.
+  ASSERT_FALSE(ParseChatRequest("{\"model\": \"" + big, &r, &e));
+  EXPECT_LT(e.message.size(), 400u) << e.message.substr(0, 500);
+  SessionRef ref;
+  ASSERT_FALSE(ResolveSession(big, "other", &ref, &e));
+  EXPECT_LT(e.message.size(), 200u);
+}
+
+TEST(HttpErrorHeaders, RetryHints) {
+  HttpError busy = ToHttpError(absl::ResourceExhaustedError("full"));
+  EXPECT_EQ(busy.status, 429);
+  EXPECT_EQ(HttpErrorHeaders(busy),
+            (std::vector<std::pair<std::string, std::string>>{{"Retry-After", "1"}}));
+  HttpError mismatch = ToHttpError(absl::FailedPreconditionError("differs"));
+  mismatch.no_retry = true;
+  EXPECT_EQ(HttpErrorHeaders(mismatch),
+            (std::vector<std::pair<std::string, std::string>>{{"x-should-retry", "false"}}));
+  EXPECT_TRUE(HttpErrorHeaders(ToHttpError(absl::InvalidArgumentError("x"))).empty());
 }
 
 TEST(ResolveSession, HeaderAndBody) {
