@@ -29,11 +29,12 @@ INT_FLAGS = {
     "max_new_tokens", "max_sessions", "max_kv_bytes", "max_cold_bytes",
     "max_concurrent_streams", "max_request_bytes", "max_streams_per_connection",
     "metrics_threads", "http_threads", "http_send_buffer_bytes", "http_max_body_bytes",
-    "max_step_tokens",
+    "max_step_tokens", "http_max_connections", "http_max_connections_per_peer",
 }
 DURATION_FLAGS = {"session_ttl", "max_session_ttl", "shutdown_grace", "tls_refresh_interval",
                   "max_connection_idle", "max_connection_age", "max_connection_age_grace",
-                  "http_read_timeout", "http_write_timeout", "http_keep_alive_timeout", "stuck_after"}
+                  "http_read_timeout", "http_write_timeout", "http_keep_alive_timeout", "stuck_after",
+                  "http_header_timeout"}
 ENUM_FLAGS = {
     "device": r"cpu|cuda(:[0-9]+)?",
     "dtype": r"float32|bfloat16|float16",
