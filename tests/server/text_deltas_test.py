@@ -230,6 +230,22 @@ class DeltasCases:
             self.oracle.expect(before, result.token_ids, result.text, "turn %d" % turn)
         self.oracle.verify(self)
 
+    def test_cli_generate_prints_the_continuation(self):
+        # echokv-cli generate prints the stream's deltas (then a newline): "Once" -> " upon ...".
+        c = self.server.grpc
+        session = c.create("Once")
+        self.addCleanup(c.delete, session.id)
+        prompt_ids = list(c.get(session.id, include_tokens=True).tokens)
+        out = subprocess.run([ARGS.cli_binary, "--server", "127.0.0.1:%d" % self.server.grpc_port, "generate",
+                              session.id, "--max-tokens", "8", "--ignore-eos", "--commit", "--quiet"],
+                             check=True, capture_output=True).stdout.decode("utf-8")
+        self.assertTrue(out.endswith("\n"), out)
+        tokens = list(c.get(session.id, include_tokens=True).tokens)
+        output = tokens[len(prompt_ids):]
+        self.assertEqual(len(output), 8)  # --ignore-eos: 8 sampled, no stop id committed
+        self.oracle.expect(prompt_ids, output, out[:-1], "echokv-cli")
+        self.oracle.verify(self)
+
     # ---- HTTP ----
     def http_completion(self, prompt, sampling, stream, session="new", logprobs=None):
         body = {"model": self.served, "prompt": prompt, "max_tokens": self.MAX_TOKENS, "stream": stream,
@@ -354,6 +370,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server-binary", required=True)
     parser.add_argument("--tokenize-binary", required=True)
+    parser.add_argument("--cli-binary", required=True)
     parser.add_argument("--client", required=True, help="folder holding the echokv package")
     args, rest = parser.parse_known_args()
     data = os.environ.get("ECHOKV_TEST_DATA")
