@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -86,16 +87,45 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& dir)
 IncrementalDecoder::IncrementalDecoder(const Tokenizer* tokenizer, DecodeOptions options)
     : tokenizer_(tokenizer), options_(options) {}
 
+IncrementalDecoder::IncrementalDecoder(const Tokenizer* tokenizer, absl::Span<const int> context,
+                                       DecodeOptions options)
+    : tokenizer_(tokenizer), options_(options) {
+  // vLLM keeps 5 ids of context; one more covers a 4-byte character in byte tokens
+  // right before the last word. A window that starts inside a character decodes its
+  // stray bytes the same way in both decodes of Add, so they cancel out.
+  constexpr size_t kContextIds = 6;
+  const size_t keep = std::min(context.size(), kContextIds);
+  ids_.assign(context.end() - keep, context.end());
+  context_end_ = ids_.size();
+  read_offset_ = ids_.size();
+  // A context that ends inside a character (its decode ends in U+FFFD or a partial
+  // sequence): what was emitted of it is the text before that character, so the
+  // character is emitted whole once the added ids complete it.
+  absl::StatusOr<std::string> text = tokenizer_->Decode(ids_, options_);
+  context_broken_ = text.ok() && (EndsWith(*text, kReplacement) || EndsWithIncompleteUtf8(*text));
+}
+
 // The scheme of Hugging Face text-generation-inference: decode a small window twice,
 // once up to what was already emitted and once up to the end, and emit the difference.
 // Re-decoding from prefix_offset_ keeps the context SentencePiece needs (its dropped
 // leading space, byte-fallback runs split over several tokens).
-absl::StatusOr<std::string> IncrementalDecoder::Add(int id) {
-  ids_.push_back(id);
+absl::StatusOr<std::string> IncrementalDecoder::PrefixText() const {
   absl::Span<const int> all(ids_);
   ECHOKV_ASSIGN_OR_RETURN(
       std::string prefix_text,
       tokenizer_->Decode(all.subspan(prefix_offset_, read_offset_ - prefix_offset_), options_));
+  if (context_broken_ && read_offset_ == context_end_) {
+    // Nothing emitted since the context: its broken last character counts as not emitted.
+    while (EndsWith(prefix_text, kReplacement)) prefix_text.resize(prefix_text.size() - kReplacement.size());
+    while (EndsWithIncompleteUtf8(prefix_text)) prefix_text.pop_back();
+  }
+  return prefix_text;
+}
+
+absl::StatusOr<std::string> IncrementalDecoder::Add(int id) {
+  ids_.push_back(id);
+  absl::Span<const int> all(ids_);
+  ECHOKV_ASSIGN_OR_RETURN(std::string prefix_text, PrefixText());
   ECHOKV_ASSIGN_OR_RETURN(std::string new_text,
                           tokenizer_->Decode(all.subspan(prefix_offset_), options_));
   if (new_text.size() <= prefix_text.size() || !StartsWith(new_text, prefix_text) ||
@@ -108,10 +138,9 @@ absl::StatusOr<std::string> IncrementalDecoder::Add(int id) {
 }
 
 absl::StatusOr<std::string> IncrementalDecoder::Finish() {
+  if (ids_.size() == context_end_) return std::string();  // nothing added: nothing to flush
   absl::Span<const int> all(ids_);
-  ECHOKV_ASSIGN_OR_RETURN(
-      std::string prefix_text,
-      tokenizer_->Decode(all.subspan(prefix_offset_, read_offset_ - prefix_offset_), options_));
+  ECHOKV_ASSIGN_OR_RETURN(std::string prefix_text, PrefixText());
   ECHOKV_ASSIGN_OR_RETURN(std::string new_text,
                           tokenizer_->Decode(all.subspan(prefix_offset_), options_));
   prefix_offset_ = read_offset_;
@@ -121,6 +150,18 @@ absl::StatusOr<std::string> IncrementalDecoder::Finish() {
   // tokenizers here): emit what lies beyond the emitted length.
   return new_text.size() > prefix_text.size() ? new_text.substr(prefix_text.size())
                                               : std::string();
+}
+
+absl::StatusOr<std::string> DecodeContinuation(const Tokenizer& tokenizer, absl::Span<const int> context,
+                                               absl::Span<const int> ids, const DecodeOptions& options) {
+  IncrementalDecoder stream(&tokenizer, context, options);
+  std::string out;
+  for (int id : ids) {
+    ECHOKV_ASSIGN_OR_RETURN(std::string piece, stream.Add(id));
+    out += piece;
+  }
+  ECHOKV_ASSIGN_OR_RETURN(std::string rest, stream.Finish());
+  return out + rest;
 }
 
 }  // namespace echokv::model

@@ -3,7 +3,7 @@
 //
 //   ECHOKV_ASSIGN_OR_RETURN(auto tok, LoadTokenizer("/models/stories260K"));
 //   ECHOKV_ASSIGN_OR_RETURN(std::vector<int> ids, tok->Encode("Once upon a time"));
-//   IncrementalDecoder stream(tok.get());
+//   IncrementalDecoder stream(tok.get(), prompt);   // the prompt: context only
 //   for (int id : generated) std::cout << stream.Add(id);   // never half a character
 //   std::cout << stream.Finish();
 #ifndef ECHOKV_MODEL_TOKENIZER_H_
@@ -81,9 +81,20 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& dir)
 // Streams text for a growing id sequence without ever emitting a partial UTF-8
 // character: text is held back while the decoded tail ends in an incomplete sequence
 // (or U+FFFD from an incomplete byte-token run); Finish() flushes the rest.
+//
+// With a `context` (the ids that precede the streamed ones: a prompt, a session's
+// history) the text streamed for ids a1..an is exactly
+// Decode(context + a) minus Decode(context), the way Hugging Face's TextStreamer and
+// vLLM's detokenizer keep prefix and read offsets: a SentencePiece "▁upon" after "Once"
+// streams " upon", not the "upon" a decode from the start gives (the dummy prefix's
+// space is dropped only at the start of a text). Only the context's last few ids are
+// kept. When the context itself ends inside a character (a generation that stopped
+// mid-character), that character is streamed whole once the added ids complete it.
+// Without a context the stream is Decode(a).
 class IncrementalDecoder {
  public:
   explicit IncrementalDecoder(const Tokenizer* tokenizer, DecodeOptions options = {});
+  IncrementalDecoder(const Tokenizer* tokenizer, absl::Span<const int> context, DecodeOptions options = {});
 
   // Adds one id; returns the newly completed text (possibly empty).
   absl::StatusOr<std::string> Add(int id);
@@ -96,7 +107,17 @@ class IncrementalDecoder {
   std::vector<int> ids_;         // every id added so far
   size_t prefix_offset_ = 0;     // ids_[prefix_offset_..) are re-decoded for context
   size_t read_offset_ = 0;       // ids_[..read_offset_) have been emitted
+  size_t context_end_ = 0;       // ids_[..context_end_) are the context's tail
+  bool context_broken_ = false;  // the context's decode ends inside a character
+
+  // Decode of ids_[prefix_offset_, read_offset_): the text already emitted of the window.
+  absl::StatusOr<std::string> PrefixText() const;
 };
+
+// The text `ids` add after `context`: Decode(context + ids) minus Decode(context)
+// (IncrementalDecoder's rule, everything flushed). Without a context, Decode(ids).
+absl::StatusOr<std::string> DecodeContinuation(const Tokenizer& tokenizer, absl::Span<const int> context,
+                                               absl::Span<const int> ids, const DecodeOptions& options = {});
 
 }  // namespace echokv::model
 

@@ -279,13 +279,15 @@ void Engine::Impl::ProcessCompletions(const std::vector<uint64_t>& failed_stream
 }
 
 void Engine::Impl::FailStream(Stream& s, absl::Status status) {
+  // Tokens generated before a cancel or failure were generated all the same.
+  if (observer != nullptr) observer->OnGeneratedTokens(s.TakeUncountedTokens());
   if (s.params().commit) store->Release(s.params().session_id);
   s.Finish(std::move(status));
 }
 
 void Engine::Impl::FinishStream(std::unique_ptr<Stream> s) {
   GenerateSummary summary = s->Summary(clock->Now());
-  if (observer != nullptr) observer->OnGeneratedTokens(static_cast<int64_t>(s->generated().size()));
+  if (observer != nullptr) observer->OnGeneratedTokens(s->TakeUncountedTokens());
   if (!s->params().commit) {
     s->Finish(std::move(summary));
     return;
@@ -296,14 +298,16 @@ void Engine::Impl::FinishStream(std::unique_ptr<Stream> s) {
   if (s->stop_token() >= 0) tokens.push_back(s->stop_token());
   const std::string& id = s->params().session_id;
   const std::string& tenant = s->params().caller.tenant;
-  if (tokens.empty()) {
+  PendingPrompt* prompt = s->prompt();  // GenerateParams::input: committed with the reply
+  if (tokens.empty() && prompt == nullptr) {
     store->Release(id);
     absl::StatusOr<SessionMeta> meta = store->Get(id, tenant, true);
     if (meta.ok()) summary.session = Info(*meta);
     s->Finish(std::move(summary));
     return;
   }
-  absl::StatusOr<SessionMeta> meta = store->Get(id, tenant, false);
+  absl::StatusOr<SessionMeta> meta =
+      prompt != nullptr ? absl::StatusOr<SessionMeta>(prompt->meta) : store->Get(id, tenant, false);
   if (!meta.ok()) return FailStream(*s, meta.status());
   if (meta->messages.empty() || !chat.has_value()) {
     return StartCommit(std::move(s), std::move(summary), std::move(tokens), {});
@@ -334,8 +338,11 @@ void Engine::Impl::FinishStream(std::unique_ptr<Stream> s) {
       std::vector<int> commit = pending->sampled;
       if (pending->enc.ok()) {
         pending->enc->suffix = pending->sampled;  // the fallback: what was sampled
+        const PendingPrompt* prompt = pending->stream->prompt();
         absl::StatusOr<std::shared_ptr<SessionData>> data =
-            SessionDataFor(pending->stream->params().session_id, pending->stream->params().caller.tenant);
+            prompt != nullptr
+                ? absl::StatusOr<std::shared_ptr<SessionData>>(prompt->data)
+                : SessionDataFor(pending->stream->params().session_id, pending->stream->params().caller.tenant);
         if (data.ok()) commit = NewChatTokens(*pending->enc, (*data)->tokens);
       } else {
         ECHOKV_LOG(WARNING) << "committing a chat reply: " << pending->enc.status().message()
@@ -354,8 +361,11 @@ void Engine::Impl::StartCommit(std::unique_ptr<Stream> s, GenerateSummary summar
                                std::vector<model::ChatMessage> reply) {
   const std::string id = s->params().session_id;
   const std::string tenant = s->params().caller.tenant;
-  absl::StatusOr<SessionMeta> meta = store->Get(id, tenant, false);
-  absl::StatusOr<std::shared_ptr<SessionData>> data = SessionDataFor(id, tenant);
+  const PendingPrompt* prompt = s->prompt();  // the base is the session with the prompt
+  absl::StatusOr<SessionMeta> meta =
+      prompt != nullptr ? absl::StatusOr<SessionMeta>(prompt->meta) : store->Get(id, tenant, false);
+  absl::StatusOr<std::shared_ptr<SessionData>> data =
+      prompt != nullptr ? absl::StatusOr<std::shared_ptr<SessionData>>(prompt->data) : SessionDataFor(id, tenant);
   if (!meta.ok() || !data.ok()) {
     FailStream(*s, meta.ok() ? data.status() : meta.status());
     return;
@@ -387,7 +397,13 @@ void Engine::Impl::StartCommit(std::unique_ptr<Stream> s, GenerateSummary summar
   }
   j->turn = std::move(*turn);
   j->summary = std::move(summary);
-  j->new_messages = std::move(reply);  // a chat session remembers the reply
+  if (prompt != nullptr) {
+    // The prompt's messages enter the session with the reply.
+    j->new_messages = prompt->new_messages;
+    j->tools_json = prompt->tools_json;
+  }
+  // A chat session remembers the reply.
+  j->new_messages.insert(j->new_messages.end(), reply.begin(), reply.end());
   j->stream = std::move(s);
   jobs.push_back(std::move(j));
 }
@@ -452,6 +468,7 @@ void Engine::Impl::CompleteJob(ActiveJob& j) {
     }
     case TurnKind::kAppend:
     case TurnKind::kCommit: {
+      if (j.then_generate != nullptr) return StartPromptedStream(j);  // committed with the reply
       std::shared_ptr<SessionData> data = t.TakeSessionData();
       SessionMeta meta = BuildMeta(j, *data);
       absl::Status s = store->Commit(j.session_id, meta, std::move(data));
@@ -461,6 +478,7 @@ void Engine::Impl::CompleteJob(ActiveJob& j) {
         return;
       }
       t.Committed();
+      if (j.stream != nullptr && j.stream->prompt() != nullptr) j.stream->prompt()->turn->Committed();
       absl::StatusOr<SessionMeta> now = store->Get(j.session_id, j.caller.tenant, false);
       absl::StatusOr<SessionInfo> info =
           now.ok() ? absl::StatusOr<SessionInfo>(Info(*now)) : absl::StatusOr<SessionInfo>(now.status());
@@ -489,7 +507,11 @@ void Engine::Impl::FailJob(ActiveJob& j, absl::Status status) {
       break;
     case TurnKind::kAppend:
       store->Release(j.session_id);
-      j.session_done(std::move(status));
+      if (j.then_generate != nullptr) {
+        j.then_generate->Finish(std::move(status));
+      } else {
+        j.session_done(std::move(status));
+      }
       break;
     case TurnKind::kCommit:
       store->Release(j.session_id);

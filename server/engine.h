@@ -182,6 +182,15 @@ struct GenerateParams {
   std::vector<int> stop_ids;
   bool ignore_eos = false;
   bool commit = false;
+  // Set: the input is appended to the session first, in one unit with the generation
+  // (commit must be true): the session changes only when the generation completes and
+  // its commit succeeds; refused, failed or cancelled at any point, the session is
+  // exactly as it was (the HTTP door's continued sessions). Tokenized like
+  // AppendToSession's input.
+  std::optional<InputSpec> input;
+  // max_tokens is an upper bound: it is lowered to the room the context has left
+  // (at least 1) instead of refused.
+  bool fit_max_tokens = false;
 };
 
 struct GenerateDelta {

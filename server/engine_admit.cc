@@ -48,27 +48,37 @@ void Engine::Impl::AdmitCreate(std::shared_ptr<CreateRequest> req, CancelFlag ca
 
 void Engine::Impl::AdmitAppend(std::shared_ptr<AppendRequest> req, CancelFlag cancel, ProgressFn progress,
                                DoneFn<SessionInfo> done, std::vector<int> tokens,
-                               std::optional<ChatEncoding> chat_enc, absl::Time admitted) {
+                               std::optional<ChatEncoding> chat_enc, absl::Time admitted, std::unique_ptr<Stream> then) {
+  // Errors release the claim and answer the append, or the stream it was to start.
+  auto refuse = [&](absl::Status status) {
+    store->Release(req->session_id);
+    if (then != nullptr) return then->Finish(std::move(status));
+    done(std::move(status));
+  };
   // The session was claimed on the edge; it cannot have changed since.
   absl::StatusOr<SessionMeta> meta = store->Get(req->session_id, req->caller.tenant, false);
   absl::StatusOr<std::shared_ptr<SessionData>> data = SessionDataFor(req->session_id, req->caller.tenant);
-  if (!meta.ok() || !data.ok()) {
-    store->Release(req->session_id);
-    return done(meta.ok() ? data.status() : meta.status());
-  }
+  if (!meta.ok() || !data.ok()) return refuse(meta.ok() ? data.status() : meta.status());
+  const int64_t max_ctx = facts.limits.max_context_tokens;
   if (chat_enc.has_value()) {
     tokens = NewChatTokens(*chat_enc, (*data)->tokens);
-    const int64_t max_ctx = facts.limits.max_context_tokens;
-    absl::Status bad;
-    if (tokens.empty()) {
-      bad = absl::InvalidArgumentError("input.chat: the messages add no tokens to the conversation");
-    } else if (meta->tokens_seen + static_cast<int64_t>(tokens.size()) > max_ctx) {
-      bad = absl::InvalidArgumentError(absl::StrCat("input: ", tokens.size(), " tokens + ", meta->tokens_seen,
-                                                    " in the session exceed max_context_tokens (", max_ctx, ")"));
+    if (tokens.empty()) return refuse(absl::InvalidArgumentError("input.chat: the messages add no tokens to the conversation"));
+    if (meta->tokens_seen + static_cast<int64_t>(tokens.size()) > max_ctx) {
+      return refuse(absl::InvalidArgumentError(absl::StrCat("input: ", tokens.size(), " tokens + ", meta->tokens_seen,
+                                                            " in the session exceed max_context_tokens (", max_ctx, ")")));
     }
-    if (!bad.ok()) {
-      store->Release(req->session_id);
-      return done(bad);
+  }
+  if (then != nullptr) {
+    // The generation's room is checked now, before anything runs: a commit feeds every
+    // generated token back, so held + input + max_tokens must fit (AdmitGenerate's rule).
+    const int64_t held = meta->tokens_seen + static_cast<int64_t>(tokens.size());
+    then->FitMaxTokens(max_ctx - held);
+    const int max_tokens = then->params().max_tokens;
+    if (max_tokens > max_ctx - held) {
+      return refuse(absl::InvalidArgumentError(absl::StrCat(
+          "max_tokens: the session holds ", meta->tokens_seen, " tokens and the input adds ", tokens.size(), "; ",
+          max_tokens, " more (committed) exceed max_context_tokens (", max_ctx, "): at most ",
+          std::max<int64_t>(max_ctx - held, 0))));
     }
   }
   TurnSpec spec;
@@ -80,10 +90,7 @@ void Engine::Impl::AdmitAppend(std::shared_ptr<AppendRequest> req, CancelFlag ca
   spec.prefill_chunk = config.prefill_chunk;
   spec.progress = ProgressAdapter(progress, admitted);
   absl::StatusOr<std::unique_ptr<TurnJob>> turn = TurnJob::Start(model.get(), std::move(spec));
-  if (!turn.ok()) {
-    store->Release(req->session_id);
-    return done(turn.status());
-  }
+  if (!turn.ok()) return refuse(turn.status());
   auto j = std::make_unique<ActiveJob>();
   j->id = next_work_id++;
   j->turn = std::move(*turn);
@@ -91,12 +98,39 @@ void Engine::Impl::AdmitAppend(std::shared_ptr<AppendRequest> req, CancelFlag ca
   j->caller = req->caller;
   j->session_id = req->session_id;
   j->session_done = std::move(done);
+  j->then_generate = std::move(then);
   j->admitted = admitted;
   if (req->input.kind == InputSpec::Kind::kChat) {
     j->new_messages = req->input.chat;
     if (!req->input.tools_json.empty()) j->tools_json = req->input.tools_json;
   }
   jobs.push_back(std::move(j));
+}
+
+void Engine::Impl::StartPromptedStream(ActiveJob& j) {
+  std::unique_ptr<Stream> s = std::move(j.then_generate);
+  auto prompt = std::make_shared<PendingPrompt>();
+  prompt->tokens_before = static_cast<int64_t>(j.turn->spec().base->tokens.size());
+  prompt->data = j.turn->TakeSessionData();
+  prompt->meta = BuildMeta(j, *prompt->data);
+  prompt->new_messages = j.new_messages;
+  prompt->tools_json = j.tools_json;
+  prompt->turn = std::move(j.turn);  // uncommitted: rolled back if the stream goes away
+  std::vector<int> stops = eos_ids;
+  if (!prompt->meta.messages.empty() && chat.has_value()) {
+    for (int id : model::EndOfTurnIds(*chat, *tokenizer)) {
+      if (std::find(stops.begin(), stops.end(), id) == stops.end()) stops.push_back(id);
+    }
+  }
+  const SessionData& d = *prompt->data;
+  try {
+    s->Begin(d.hot.Clone(), d.last_logits, d.tokens, std::move(stops), tokenizer.get());
+  } catch (const std::exception& e) {
+    store->Release(j.session_id);
+    return s->Finish(absl::InternalError(absl::StrCat("copying the session cache: ", e.what())));
+  }
+  s->set_prompt(std::move(prompt));
+  streams.push_back(std::move(s));
 }
 
 void Engine::Impl::AdmitGenerate(std::unique_ptr<Stream> s) {
@@ -110,6 +144,7 @@ void Engine::Impl::AdmitGenerate(std::unique_ptr<Stream> s) {
   // must fit.
   const int64_t max_ctx = facts.limits.max_context_tokens;
   const int64_t room = p.commit ? max_ctx - meta->tokens_seen : max_ctx - meta->tokens_seen + 1;
+  s->FitMaxTokens(room);
   if (p.max_tokens > room) {
     if (p.commit) store->Release(p.session_id);
     return s->Finish(absl::InvalidArgumentError(absl::StrCat(

@@ -145,22 +145,21 @@ void Engine::CreateSession(CreateRequest request, CancelFlag cancel, ProgressFn 
   });
 }
 
-void Engine::AppendToSession(AppendRequest request, CancelFlag cancel, ProgressFn progress, DoneFn<SessionInfo> done) {
-  Impl* impl = impl_.get();
-  cancel = OrFreshFlag(std::move(cancel));
-  const absl::Time admitted = impl->clock->Now();
-  auto req = std::make_shared<AppendRequest>(std::move(request));
-  impl->edge->Submit([impl, req, cancel, progress, done, admitted](bool shutting_down) {
-    if (shutting_down) return done(absl::UnavailableError("server is shutting down"));
-    if (cancel->load()) return done(absl::CancelledError("cancelled before it started"));
+void Engine::Impl::EdgeAppend(std::shared_ptr<AppendRequest> req, CancelFlag cancel, ProgressFn progress,
+                              absl::Time admitted, std::function<void(absl::Status)> fail,
+                              std::function<void(std::vector<int>, std::optional<ChatEncoding>)> admit) {
+  Impl* impl = this;
+  edge->Submit([impl, req, cancel, progress, fail, admit, admitted](bool shutting_down) {
+    if (shutting_down) return fail(absl::UnavailableError("server is shutting down"));
+    if (cancel->load()) return fail(absl::CancelledError("cancelled before it started"));
     if (!IsValidSessionId(req->session_id)) {
-      return done(absl::InvalidArgumentError(
+      return fail(absl::InvalidArgumentError(
           absl::StrCat("session_id ", EscapedIdPrefix(req->session_id), " is malformed")));
     }
     // Claim first: the tokens count against the session's room, and no other mutation
     // may slip in between.
     absl::StatusOr<SessionMeta> meta = impl->store->Claim(req->session_id, req->caller.tenant);
-    if (!meta.ok()) return done(meta.status());
+    if (!meta.ok()) return fail(meta.status());
     if (progress) progress(ProgressEvent{"tokenize", 0, 1, absl::ToDoubleSeconds(impl->clock->Now() - admitted)});
     const int64_t room = impl->facts.limits.max_context_tokens - meta->tokens_seen;
     std::vector<int> ids;
@@ -176,7 +175,7 @@ void Engine::AppendToSession(AppendRequest request, CancelFlag cancel, ProgressF
       }
       if (!s.ok()) {
         impl->store->Release(req->session_id);
-        return done(s);
+        return fail(s);
       }
       enc = std::move(*e);
     } else {
@@ -184,19 +183,29 @@ void Engine::AppendToSession(AppendRequest request, CancelFlag cancel, ProgressF
           impl->Tokenize(req->input, /*default_special=*/false, room, meta->tokens_seen);
       if (!tokens.ok()) {
         impl->store->Release(req->session_id);
-        return done(tokens.status());
+        return fail(tokens.status());
       }
       ids = std::move(*tokens);
     }
     auto ids_ptr = std::make_shared<std::vector<int>>(std::move(ids));
     auto enc_ptr = std::make_shared<std::optional<Engine::Impl::ChatEncoding>>(std::move(enc));
-    if (!impl->Post([impl, req, cancel, progress, done, ids_ptr, enc_ptr, admitted] {
-          impl->AdmitAppend(req, cancel, progress, done, std::move(*ids_ptr), std::move(*enc_ptr), admitted);
-        }, cancel)) {
+    if (!impl->Post([admit, ids_ptr, enc_ptr] { admit(std::move(*ids_ptr), std::move(*enc_ptr)); }, cancel)) {
       impl->store->Release(req->session_id);
-      done(absl::UnavailableError("server is shutting down"));
+      fail(absl::UnavailableError("server is shutting down"));
     }
   });
+}
+
+void Engine::AppendToSession(AppendRequest request, CancelFlag cancel, ProgressFn progress, DoneFn<SessionInfo> done) {
+  Impl* impl = impl_.get();
+  cancel = OrFreshFlag(std::move(cancel));
+  const absl::Time admitted = impl->clock->Now();
+  auto req = std::make_shared<AppendRequest>(std::move(request));
+  impl->EdgeAppend(req, cancel, progress, admitted, done,
+                   [impl, req, cancel, progress, done, admitted](std::vector<int> ids,
+                                                                  std::optional<Engine::Impl::ChatEncoding> enc) {
+                     impl->AdmitAppend(req, cancel, progress, done, std::move(ids), std::move(enc), admitted);
+                   });
 }
 
 void Engine::Generate(GenerateParams params, CancelFlag cancel, StreamSink sink, DoneFn<GenerateSummary> done) {
@@ -228,6 +237,9 @@ void Engine::Generate(GenerateParams params, CancelFlag cancel, StreamSink sink,
                                                           " is outside the vocabulary")));
     }
   }
+  if (params.input.has_value() && !params.commit) {
+    return fail(absl::InvalidArgumentError("input: a generation's input is appended with its commit (commit must be true)"));
+  }
   struct Pending {
     GenerateParams params;
     CancelFlag cancel;
@@ -237,6 +249,25 @@ void Engine::Generate(GenerateParams params, CancelFlag cancel, StreamSink sink,
   };
   auto pending = std::make_shared<Pending>(
       Pending{std::move(params), cancel, std::move(sink), std::move(done), impl->clock->Now()});
+  if (pending->params.input.has_value()) {
+    // The input's append and the generation are one unit (engine.h): the append turn
+    // runs like AppendToSession's, then the stream starts from its uncommitted state.
+    auto req = std::make_shared<AppendRequest>();
+    req->caller = pending->params.caller;
+    req->session_id = pending->params.session_id;
+    req->input = std::move(*pending->params.input);
+    pending->params.input.reset();
+    impl->EdgeAppend(
+        req, cancel, nullptr, pending->admitted, [pending](absl::Status s) { pending->done(std::move(s)); },
+        [impl, req, pending](std::vector<int> ids, std::optional<Engine::Impl::ChatEncoding> enc) {
+          CancelFlag job_cancel = pending->cancel;
+          auto s = std::make_unique<Stream>(impl->next_work_id++, std::move(pending->params), pending->cancel,
+                                            std::move(pending->sink), std::move(pending->done), pending->admitted);
+          impl->AdmitAppend(req, std::move(job_cancel), nullptr, nullptr, std::move(ids), std::move(enc),
+                            pending->admitted, std::move(s));
+        });
+    return;
+  }
   if (!impl->Post(
           [impl, pending] {
             impl->AdmitGenerate(std::make_unique<Stream>(impl->next_work_id++, std::move(pending->params),

@@ -76,6 +76,7 @@ struct ActiveJob {
   DoneFn<SessionInfo> session_done;                       // create / append
   DoneFn<CompressOutcome> compress_done;                  // compress
   std::unique_ptr<Stream> stream;                         // commit: the finished stream
+  std::unique_ptr<Stream> then_generate;                  // append of GenerateParams::input: its stream
   GenerateSummary summary;                                // commit
   std::vector<model::ChatMessage> new_messages;           // chat input / the committed reply
   std::optional<std::string> tools_json;                  // chat input: the tools now in use
@@ -103,6 +104,19 @@ class StateObserverAdapter : public state::StateObserver {
 
 
 }  // namespace engine_internal
+
+// GenerateParams::input once its append turn is done: the session's state with the
+// prompt, held by the stream and committed with the reply as one unit. Dropped
+// uncommitted (the stream failed or was cancelled), the append turn rolls its cold-tier
+// entries back, and the committed session never saw the prompt.
+struct PendingPrompt {
+  std::unique_ptr<TurnJob> turn;                  // the append turn, not yet Committed()
+  std::shared_ptr<SessionData> data;              // the session with the prompt
+  SessionMeta meta;                               // as it would be committed
+  int64_t tokens_before = 0;                      // the committed session's tokens
+  std::vector<model::ChatMessage> new_messages;   // chat input
+  std::optional<std::string> tools_json;          // chat input: the tools now in use
+};
 
 using engine_internal::ActiveJob;
 using engine_internal::IsLookaheadPolicy;
@@ -185,7 +199,8 @@ class Engine::Impl {
   // Durable sessions.
   absl::Status OpenDurableState();
   bool NeedsPersist(const ActiveJob& j) const {
-    return durable != nullptr && j.turn->spec().kind != TurnKind::kCompress;
+    // GenerateParams::input's append is written with the reply, in its commit.
+    return durable != nullptr && j.turn->spec().kind != TurnKind::kCompress && j.then_generate == nullptr;
   }
   void StartPersist(ActiveJob& j);
   SessionMeta BuildMeta(const ActiveJob& j, const SessionData& data) const;
@@ -220,9 +235,18 @@ class Engine::Impl {
   // Admissions (engine thread).
   void AdmitCreate(std::shared_ptr<CreateRequest> req, CancelFlag cancel, ProgressFn progress,
                    DoneFn<SessionInfo> done, std::vector<int> tokens, absl::Time admitted);
+  // `then` (GenerateParams::input): the stream that starts from the appended state,
+  // which stays uncommitted (PendingPrompt); `done` is unused then.
   void AdmitAppend(std::shared_ptr<AppendRequest> req, CancelFlag cancel, ProgressFn progress,
                    DoneFn<SessionInfo> done, std::vector<int> tokens, std::optional<ChatEncoding> chat_enc,
-                   absl::Time admitted);
+                   absl::Time admitted, std::unique_ptr<Stream> then = nullptr);
+  // The append's edge work (any thread but the engine's): claims the session, checks and
+  // tokenizes the input; `fail` answers errors there, `admit` runs on the engine thread.
+  void EdgeAppend(std::shared_ptr<AppendRequest> req, CancelFlag cancel, ProgressFn progress, absl::Time admitted,
+                  std::function<void(absl::Status)> fail,
+                  std::function<void(std::vector<int>, std::optional<ChatEncoding>)> admit);
+  // A finished append of GenerateParams::input: its stream begins (engine thread).
+  void StartPromptedStream(ActiveJob& j);
   void AdmitGenerate(std::unique_ptr<Stream> s);
 
   absl::StatusOr<ChatEncoding> EncodeConversation(const std::vector<model::ChatMessage>& previous,

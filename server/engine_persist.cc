@@ -36,7 +36,10 @@ void Engine::Impl::StartPersist(ActiveJob& j) {
   j.persist_started = true;
   SessionData* data = j.turn->mutable_result();
   const TurnSpec& spec = j.turn->spec();
-  const int64_t before = spec.base != nullptr ? static_cast<int64_t>(spec.base->tokens.size()) : 0;
+  int64_t before = spec.base != nullptr ? static_cast<int64_t>(spec.base->tokens.size()) : 0;
+  // A reply committed with its prompt (GenerateParams::input): the prompt was never
+  // written, so the segment begins where the committed session ends.
+  if (j.stream != nullptr && j.stream->prompt() != nullptr) before = j.stream->prompt()->tokens_before;
   // Every few turns a tiered session writes one superseding segment (bounded files).
   const bool full = data->cold != nullptr && data->segments_since_full >= config.save_full_every;
   if (full) data->segments_since_full = 0;

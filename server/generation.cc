@@ -42,7 +42,9 @@ void Stream::Begin(model::KvCache cache, at::Tensor logits, absl::Span<const int
   stop_.max_tokens = params_.max_tokens;
   if (!params_.ignore_eos) stop_.eos_ids = std::move(eos_ids);
   stop_.stop_ids = params_.stop_ids;
-  decoder_ = std::make_unique<model::IncrementalDecoder>(tokenizer);
+  // The history is the decoder's context: deltas are exactly Decode(history + output)
+  // minus Decode(history) (a SentencePiece first token keeps its leading space).
+  decoder_ = std::make_unique<model::IncrementalDecoder>(tokenizer, history);
 }
 
 bool Stream::ready(int max_backlog) const { return !sink_.backlog || sink_.backlog() < max_backlog; }

@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -25,6 +26,10 @@
 
 namespace echokv::server {
 
+// A prompt appended in one unit with its generation (GenerateParams::input): the
+// session's state with the prompt, not yet committed (engine_impl.h).
+struct PendingPrompt;
+
 class Stream {
  public:
   Stream(uint64_t id, GenerateParams params, CancelFlag cancel, StreamSink sink, DoneFn<GenerateSummary> done,
@@ -34,6 +39,13 @@ class Stream {
   // `history`: every token the session holds (repetition_penalty reads it).
   void Begin(model::KvCache cache, at::Tensor logits, absl::Span<const int> history, std::vector<int> eos_ids,
              const model::Tokenizer* tokenizer);
+
+  // GenerateParams::fit_max_tokens: lowers max_tokens to `room` (at least 1). Before Begin.
+  void FitMaxTokens(int64_t room) {
+    if (params_.fit_max_tokens) {
+      params_.max_tokens = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(params_.max_tokens, room)));
+    }
+  }
 
   uint64_t id() const { return id_; }
   const GenerateParams& params() const { return params_; }
@@ -62,6 +74,19 @@ class Stream {
   // Ends the call (runs `done` once).
   void Finish(absl::StatusOr<GenerateSummary> result);
 
+  // The generated tokens not yet reported to the observer; 0 after the first call (a
+  // stream is counted once, whether it finished, failed or was cancelled).
+  int64_t TakeUncountedTokens() {
+    const int64_t n = counted_ ? 0 : static_cast<int64_t>(generated_.size());
+    counted_ = true;
+    return n;
+  }
+
+  // GenerateParams::input: the prompt's uncommitted state, held (and rolled back when
+  // the stream goes away uncommitted) by the stream. Null otherwise.
+  void set_prompt(std::shared_ptr<PendingPrompt> prompt) { prompt_ = std::move(prompt); }
+  PendingPrompt* prompt() const { return prompt_.get(); }
+
  private:
   uint64_t id_;
   GenerateParams params_;
@@ -80,6 +105,8 @@ class Stream {
   std::string text_;                                    // all text sent so far
   FinishReason reason_ = FinishReason::kLength;
   int64_t prompt_tokens_ = 0;                           // session tokens when admitted
+  bool counted_ = false;                                // TakeUncountedTokens ran
+  std::shared_ptr<PendingPrompt> prompt_;               // GenerateParams::input (may be null)
   absl::Time admitted_;
   absl::Time first_token_;
   absl::Time last_token_;

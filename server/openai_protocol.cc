@@ -489,7 +489,7 @@ bool ParseCompletionRequest(absl::string_view body, CompletionRequest* out, Http
     out->gen.sampling.top_logprobs = logprobs;
   }
   bool echo = false;
-  if (f.Bool("echo", &echo) && echo) return f.Fail("echo", "echo: true is not supported", "unsupported_value");
+  if (f.Bool("echo", &echo) && echo) return f.Fail("echo", "true is not supported", "unsupported_value");
   std::string suffix;
   if (f.String("suffix", &suffix) && !suffix.empty()) return f.Fail("suffix", "is not supported", "unsupported_parameter");
   int64_t best_of = 1;

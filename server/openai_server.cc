@@ -265,11 +265,13 @@ class OpenAiServer::Impl {
     return false;
   }
   absl::StatusOr<compression::CompressionConfig> ConfigFrom(const openai::EchokvOptions& o) const;
-  // Creates or extends the session the request runs on. Sets `session_id`, `commit` and
-  // `tokens_seen`; false with `error` set on failure.
+  // Creates the session the request runs on, or checks the one it continues. Sets
+  // `session_id`, `commit` and, for a continued session, the input `append` the
+  // generation appends first, in one unit with it (GenerateParams::input: nothing
+  // changes unless the whole request succeeds); false with `error` set on failure.
   bool PrepareSession(Call* call, ApiKind kind, const SessionRef& ref, InputSpec input,
                       const openai::EchokvOptions& options, std::string* session_id, bool* commit,
-                      int64_t* tokens_seen, HttpError* error);
+                      std::optional<InputSpec>* append, HttpError* error);
   void Complete(const httplib::Request& req, httplib::Response& res, ApiKind kind, const GenerationRequest& gen,
                 InputSpec input, std::shared_ptr<Call> call);
   void HandleChat(const httplib::Request& req, httplib::Response& res);
@@ -318,7 +320,7 @@ bool OpenAiServer::Impl::Admit(const httplib::Request& req, httplib::Response& r
 
 bool OpenAiServer::Impl::PrepareSession(Call* call, ApiKind kind, const SessionRef& ref, InputSpec input,
                                         const openai::EchokvOptions& options, std::string* session_id, bool* commit,
-                                        int64_t* tokens_seen, HttpError* error) {
+                                        std::optional<InputSpec>* append, HttpError* error) {
   if (ref.mode != SessionRef::Mode::kContinue) {
     CreateRequest cr;
     cr.caller = call->caller;
@@ -348,7 +350,6 @@ bool OpenAiServer::Impl::PrepareSession(Call* call, ApiKind kind, const SessionR
       return false;
     }
     *session_id = info->id;
-    *tokens_seen = info->tokens_seen;
     *commit = ref.mode == SessionRef::Mode::kNew;
     if (ref.mode == SessionRef::Mode::kStateless) call->temporary_session = info->id;
     return true;
@@ -366,8 +367,7 @@ bool OpenAiServer::Impl::PrepareSession(Call* call, ApiKind kind, const SessionR
     if (info.status().code() == absl::StatusCode::kInvalidArgument) error->param = "session_id";
     return false;
   }
-  *tokens_seen = info->tokens_seen;
-  bool append = true;
+  bool has_input = true;
   if (input.kind == InputSpec::Kind::kChat) {
     const std::vector<model::ChatMessage>& stored = info->messages;
     const std::vector<model::ChatMessage>& sent = input.chat;
@@ -399,25 +399,12 @@ bool OpenAiServer::Impl::PrepareSession(Call* call, ApiKind kind, const SessionR
                                           "the assistant's reply; add a user message");
         return false;
       }
-      append = false;  // e.g. a session created with the question and the generation prompt
+      has_input = false;  // e.g. a session created with the question and the generation prompt
     }
   } else if (input.kind == InputSpec::Kind::kText) {
-    append = !input.text.empty();  // "" continues generating where the session ends
+    has_input = !input.text.empty();  // "" continues generating where the session ends
   }
-  if (!append) return true;
-  AppendRequest ar;
-  ar.caller = call->caller;
-  ar.session_id = ref.id;
-  ar.input = std::move(input);
-  Result<SessionInfo> appended;
-  engine->AppendToSession(std::move(ar), nullptr, nullptr, appended.Callback());
-  absl::StatusOr<SessionInfo> after = appended.Wait();
-  if (!after.ok()) {
-    *error = EngineError(after.status(), kind, "");
-    if (after.status().code() == absl::StatusCode::kNotFound) error->code = "session_not_found";
-    return false;
-  }
-  *tokens_seen = after->tokens_seen;
+  if (has_input) *append = std::move(input);
   return true;
 }
 
@@ -446,11 +433,26 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
 
   std::string session_id;
   bool commit = false;
-  int64_t tokens_seen = 0;
-  if (!PrepareSession(call.get(), kind, ref, std::move(input), gen.echokv, &session_id, &commit, &tokens_seen, &err)) {
+  std::optional<InputSpec> append;
+  if (!PrepareSession(call.get(), kind, ref, std::move(input), gen.echokv, &session_id, &commit, &append, &err)) {
     return Reply(call.get(), res, err);
   }
   const bool keep = ref.mode != SessionRef::Mode::kStateless;
+  // A request is one unit: a continued session changes only when it succeeds (its input
+  // is appended with the reply, GenerateParams::input); a session it created is deleted
+  // again when the generation is refused, fails or the client leaves.
+  const bool created = ref.mode == SessionRef::Mode::kNew;
+  auto undo = [call, created, session_id, &res] {
+    if (!created) return;
+    call->temporary_session = session_id;
+    res.headers.erase(kSessionHeader);
+  };
+  // An error before the first token (the input's append runs in the engine now).
+  auto refused = [kind](const absl::Status& s, const std::string& max_param) {
+    HttpError e = EngineError(s, kind, max_param);
+    if (s.code() == absl::StatusCode::kNotFound) e.code = "session_not_found";
+    return e;
+  };
 
   GenerateParams p;
   p.caller = call->caller;
@@ -461,16 +463,14 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
   p.stop = gen.stop;
   p.stop_ids = gen.stop_token_ids;
   p.ignore_eos = gen.ignore_eos;
+  p.input = std::move(append);
   if (gen.max_tokens.has_value()) {
     p.max_tokens = *gen.max_tokens;
   } else {
     // OpenAI: chat runs until the model stops (here: max_new_tokens, and the room the
-    // context has left); legacy completions default to 16 tokens.
-    const int64_t max_ctx = facts.limits.max_context_tokens;
-    const int64_t room = commit ? max_ctx - tokens_seen : max_ctx - tokens_seen + 1;
-    const int64_t wanted = kind == ApiKind::kChat ? facts.limits.max_new_tokens
-                                                  : std::min(16, facts.limits.max_new_tokens);
-    p.max_tokens = static_cast<int>(std::max<int64_t>(1, std::min(wanted, room)));
+    // context has left: the engine fits it); legacy completions default to 16 tokens.
+    p.max_tokens = kind == ApiKind::kChat ? facts.limits.max_new_tokens : std::min(16, facts.limits.max_new_tokens);
+    p.fit_max_tokens = true;
   }
 
   ResponseBuilder builder(kind, openai::NewResponseId(kind), absl::ToUnixSeconds(absl::Now()), model_name,
@@ -489,7 +489,10 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
   if (!gen.stream) {
     std::vector<GenerateDelta> deltas;
     absl::StatusOr<GenerateSummary> r = generation->WaitEnd(&deltas);
-    if (!r.ok()) return Reply(call.get(), res, EngineError(r.status(), kind, max_param));
+    if (!r.ok()) {
+      undo();
+      return Reply(call.get(), res, refused(r.status(), max_param));
+    }
     std::string text;
     std::vector<model::SampledToken> logprobs;
     for (GenerateDelta& d : deltas) {
@@ -505,8 +508,12 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
   generation->WaitFirstEvent();
   if (generation->EndedEmpty()) {
     absl::StatusOr<GenerateSummary> r = generation->result();
-    if (!r.ok()) return Reply(call.get(), res, EngineError(r.status(), kind, max_param));
+    if (!r.ok()) {
+      undo();
+      return Reply(call.get(), res, refused(r.status(), max_param));
+    }
   }
+  const std::string undo_id = created ? session_id : "";
   struct StreamState {
     ResponseBuilder builder;
     bool first = true;
@@ -520,7 +527,7 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
   // "text/event-stream" exactly: httplib never compresses it (events flush at once).
   res.set_chunked_content_provider(
       "text/event-stream",
-      [generation, state, kind, max_param, include_usage, call](size_t, httplib::DataSink& sink) -> bool {
+      [generation, state, kind, max_param, include_usage, call, undo_id](size_t, httplib::DataSink& sink) -> bool {
         std::string out;
         if (state->first) {
           state->first = false;
@@ -558,6 +565,7 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
             } else {
               const HttpError e = EngineError(r.status(), kind, max_param);
               call->status = e.status;
+              if (!undo_id.empty()) call->temporary_session = undo_id;  // the request failed: no session
               out += openai::SseEvent(HttpErrorJson(e));
             }
             out += std::string(openai::kSseDone);
@@ -572,12 +580,14 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
         }
         return false;
       },
-      [generation, state, call](bool) {
+      [generation, state, call, undo_id](bool) {
         if (!state->delivered) {
           // The client left (or the server is stopping): stop the generation; a
-          // commit is rolled back by the engine.
+          // commit is rolled back by the engine (with a continued session's input),
+          // a session the request created is deleted.
           generation->cancel()->store(true);
           if (call->status == 200) call->status = 499;
+          if (!undo_id.empty()) call->temporary_session = undo_id;
         }
         (void)generation->WaitEnd();  // before `call` deletes a temporary session
       });

@@ -186,7 +186,9 @@ absl::Status Run() {
   echokv::model::Sampler sampler(sampling, prompt);
   std::unique_ptr<echokv::model::IncrementalDecoder> stream;
   if (tokenizer && !absl::GetFlag(FLAGS_json)) {
-    stream = std::make_unique<echokv::model::IncrementalDecoder>(tokenizer.get());
+    // The prompt is the decoder's context: the text is Decode(prompt + output) minus
+    // Decode(prompt), so the first token keeps its leading space.
+    stream = std::make_unique<echokv::model::IncrementalDecoder>(tokenizer.get(), prompt);
   }
   std::vector<int> output;
   std::vector<echokv::model::SampledToken> sampled;  // per output token (logprobs)
@@ -221,7 +223,7 @@ absl::Status Run() {
     j["output_ids"] = output;
     std::string text;
     if (tokenizer) {
-      ECHOKV_ASSIGN_OR_RETURN(text, tokenizer->Decode(output));
+      ECHOKV_ASSIGN_OR_RETURN(text, echokv::model::DecodeContinuation(*tokenizer, prompt, output));
     }
     j["text"] = text;
     j["stop_reason"] = std::string(echokv::model::StopReasonName(reason));

@@ -4,6 +4,7 @@
 //   echokv-tokenize --tokenizer /models/qwen2.5 --text "Hello world"
 //   echokv-tokenize --tokenizer /models/qwen2.5 --text "<|im_end|>" --no-special --json
 //   echokv-tokenize --tokenizer /models/qwen2.5 --decode 9707,1879 [--skip-special]
+//   echokv-tokenize --tokenizer /models/qwen2.5 --decode-file ids.txt   # one JSON line per line
 //
 // Flag names accept '-' or '_' (--no-special == --no_special). Errors go to stderr
 // with a non-zero exit status.
@@ -33,7 +34,10 @@ ABSL_FLAG(bool, no_special, false,
           "Encode added/special-token strings (e.g. <|im_end|>) as plain text");
 ABSL_FLAG(bool, no_bos, false, "Do not add the tokenizer's default BOS/EOS");
 ABSL_FLAG(std::string, decode, "", "Comma-separated ids to decode instead of encoding");
-ABSL_FLAG(bool, skip_special, false, "With --decode: drop special tokens");
+ABSL_FLAG(std::string, decode_file, "",
+          "Decode every line of this file (comma-separated ids; empty = no ids): one JSON object "
+          "{\"text\": ...} per line on stdout (one process for many decodes, e.g. a test's oracle)");
+ABSL_FLAG(bool, skip_special, false, "With --decode / --decode-file: drop special tokens");
 ABSL_FLAG(bool, json, false, "Print JSON instead of text");
 
 namespace {
@@ -59,18 +63,37 @@ int main(int argc, char** argv) {
   const echokv::model::Tokenizer& tok = **tok_or;
   const bool as_json = absl::GetFlag(FLAGS_json);
 
+  echokv::model::DecodeOptions decode_opts;
+  decode_opts.skip_special_tokens = absl::GetFlag(FLAGS_skip_special);
+  auto parse_ids = [](absl::string_view list, std::vector<int>* ids) -> bool {
+    for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+      int id;
+      if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &id)) {
+        Fail("--decode: '" + std::string(part) + "' is not an integer id");
+        return false;
+      }
+      ids->push_back(id);
+    }
+    return true;
+  };
+  if (const std::string path = absl::GetFlag(FLAGS_decode_file); !path.empty()) {
+    std::ifstream in(path);
+    if (!in) return Fail("--decode-file: cannot read '" + path + "'");
+    std::string line;
+    while (std::getline(in, line)) {
+      std::vector<int> ids;
+      if (!parse_ids(line, &ids)) return 1;
+      auto text = tok.Decode(ids, decode_opts);
+      if (!text.ok()) return Fail(std::string(text.status().ToString()));
+      std::cout << nlohmann::json({{"text", *text}}).dump() << "\n";
+    }
+    return 0;
+  }
   const std::string decode = absl::GetFlag(FLAGS_decode);
   if (!decode.empty()) {
     std::vector<int> ids;
-    for (absl::string_view part : absl::StrSplit(decode, ',', absl::SkipWhitespace())) {
-      int id;
-      if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &id)) {
-        return Fail("--decode: '" + std::string(part) + "' is not an integer id");
-      }
-      ids.push_back(id);
-    }
-    echokv::model::DecodeOptions opts;
-    opts.skip_special_tokens = absl::GetFlag(FLAGS_skip_special);
+    if (!parse_ids(decode, &ids)) return 1;
+    const echokv::model::DecodeOptions& opts = decode_opts;
     auto text = tok.Decode(ids, opts);
     if (!text.ok()) return Fail(std::string(text.status().ToString()));
     if (as_json) {

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/model/decode_continuation_check.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_data.h"
 
@@ -152,6 +153,22 @@ TEST_F(RealTokenizers, RoundTripEqualsNfc) {
         EXPECT_EQ(decoded, tok == qwen_ ? nfc : text);
       }
     }
+  }
+}
+
+// Issue 25 defect 1 on byte-level BPE: every split of a text (multi-byte characters
+// are split across byte-level tokens, so some splits fall inside one) streams exactly
+// Decode(all) minus Decode(context).
+TEST_F(RealTokenizers, ContinuationsAtEverySplitEqualTheDecodeDifference) {
+  for (const Tokenizer* tok : {qwen_, gpt2_}) {
+    ASSERT_OK_AND_ASSIGN(std::vector<int> ids,
+                         tok->Encode("Once upon a time \xF0\x9F\x98\x80\xF0\x9F\x8E\x89, "
+                                     "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E caf\xC3\xA9\n\n  end"));
+    const int exact = CheckContinuationsAtEverySplit(*tok, ids);
+    EXPECT_GT(exact, 0);
+    ASSERT_OK_AND_ASSIGN(std::vector<int> once, tok->Encode("Once"));
+    ASSERT_OK_AND_ASSIGN(std::vector<int> upon, tok->Encode(" upon"));
+    EXPECT_EQ(DecodeContinuation(*tok, once, upon).value(), " upon");
   }
 }
 

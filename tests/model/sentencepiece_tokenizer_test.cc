@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -15,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tests/model/decode_continuation_check.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_data.h"
 
@@ -282,6 +284,55 @@ TEST(MistralTokenizerTest, HeldBackUntilTheCharacterIsComplete) {
   ASSERT_OK_AND_ASSIGN(std::string decoded, tok->Decode({ids[0], ids[1]}));
   EXPECT_EQ(flushed, decoded);
   EXPECT_NE(flushed.find("\xEF\xBF\xBD"), std::string::npos);
+}
+
+// Issue 25 defect 1: a continuation keeps its first token's leading space. Decoded
+// from the start, SentencePiece drops the dummy prefix's space of the first piece, so
+// a stream over "▁upon" alone gave "upon" after the prompt "Once".
+TEST(StoriesTokenizerTest, ContinuationKeepsTheLeadingSpace) {
+  ECHOKV_REQUIRE_TEST_DATA(data);
+  ASSERT_OK_AND_ASSIGN(auto tok, LoadSentencePieceTokenizer(data + "/models/stories260K"));
+  ASSERT_OK_AND_ASSIGN(std::vector<int> prompt, tok->Encode("Once"));
+  ASSERT_OK_AND_ASSIGN(std::vector<int> all, tok->Encode("Once upon a time"));
+  ASSERT_GT(all.size(), prompt.size());
+  ASSERT_TRUE(std::equal(prompt.begin(), prompt.end(), all.begin()));
+  const std::vector<int> rest(all.begin() + static_cast<std::ptrdiff_t>(prompt.size()), all.end());
+  ASSERT_OK_AND_ASSIGN(std::string alone, tok->Decode(rest));
+  EXPECT_EQ(alone, "upon a time");  // the space a decode from the start drops
+  ASSERT_OK_AND_ASSIGN(std::string text, DecodeContinuation(*tok, prompt, rest));
+  EXPECT_EQ(text, " upon a time");
+  IncrementalDecoder stream(tok.get(), prompt);
+  ASSERT_OK_AND_ASSIGN(std::string first, stream.Add(rest[0]));
+  EXPECT_EQ(first, " upon");
+  // Without a context the stream is Decode(ids), as before.
+  EXPECT_EQ(DecodeContinuation(*tok, {}, rest).value(), alone);
+}
+
+TEST(StoriesTokenizerTest, ContinuationsAtEverySplitEqualTheDecodeDifference) {
+  ECHOKV_REQUIRE_TEST_DATA(data);
+  ASSERT_OK_AND_ASSIGN(auto tok, LoadSentencePieceTokenizer(data + "/models/stories260K"));
+  for (const char* text : {"Once upon a time, there was a little girl named Lily.\nShe liked to play.",
+                           "  two  spaces and a tab\t, caf\xC3\xA9 \xE2\x80\x9Cquoted\xE2\x80\x9D"}) {
+    SCOPED_TRACE(text);
+    ASSERT_OK_AND_ASSIGN(std::vector<int> ids, tok->Encode(text));
+    EXPECT_GT(CheckContinuationsAtEverySplit(*tok, ids), 0);
+  }
+}
+
+// Byte fallback: the emoji and CJK characters are several byte tokens, so splits fall
+// inside characters as well as between them.
+TEST(MistralTokenizerTest, ContinuationsAtEverySplitEqualTheDecodeDifference) {
+  ECHOKV_REQUIRE_TEST_DATA(data);
+  ASSERT_OK_AND_ASSIGN(auto tok, LoadSentencePieceTokenizer(data + "/tokenizers/mistral-7b-v0.2"));
+  ASSERT_OK_AND_ASSIGN(std::vector<int> ids,
+                       tok->Encode("Hi \xF0\x9F\x98\x80 party \xF0\x9F\x8E\x89\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD "
+                                   "\xE9\xBE\x98\xE9\x9D\x90 caf\xC3\xA9\n\nOnce upon"));
+  int byte_tokens = 0;
+  for (int id : ids) byte_tokens += tok->IdToPiece(id).rfind("<0x", 0) == 0;
+  ASSERT_GE(byte_tokens, 8);
+  const int exact = CheckContinuationsAtEverySplit(*tok, ids);
+  EXPECT_GT(exact, 0);
+  EXPECT_LT(exact, static_cast<int>(ids.size()) + 1);  // some splits fell inside a character
 }
 
 TEST(MistralTokenizerTest, DecodeOptionsAndErrors) {

@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -501,6 +502,105 @@ TEST(EngineStreamTest, CancelledCommitLeavesTheSessionUnchanged) {
   ASSERT_THAT(a.status(), IsOk());
   EXPECT_EQ(a->tokens_seen, 40);
   EXPECT_FALSE(a->busy);
+}
+
+// GenerateParams::input (the HTTP door's continued sessions, issue 25 defect 2): the
+// input and the reply are one unit. Refused (max_tokens past the context, checked after
+// the input is tokenized), cancelled after some tokens, or given without commit, the
+// session is exactly as it was (tokens, hot positions, cold tier: a later append still
+// starts from a rolled-back cold tier); completed, it holds what Append then
+// Generate(commit) gives a twin session, token for token and position for position.
+TEST(EngineStreamTest, GenerateWithInputIsOneUnit) {
+  for (MemoryMode memory : {MemoryMode::kEvict, MemoryMode::kTiered}) {
+    SCOPED_TRACE(MemoryModeName(memory));
+    EngineConfig c;
+    c.limits.max_context_tokens = 128;
+    Harness h(c);
+    const compression::CompressionConfig cfg = Policy(compression::PolicyKind::kSnapKv);
+    absl::StatusOr<SessionInfo> s = h.Create(Prompt(40, 1), cfg, memory);
+    absl::StatusOr<SessionInfo> twin = h.Create(Prompt(40, 1), cfg, memory);
+    ASSERT_THAT(s.status(), IsOk());
+    ASSERT_THAT(twin.status(), IsOk());
+    auto tokens = [&](const std::string& id) {
+      std::promise<std::vector<int>> p;
+      h.engine().SessionTokens(Caller{}, id, [&](absl::StatusOr<std::vector<int>> t) { p.set_value(t.value()); });
+      return p.get_future().get();
+    };
+    auto inspect = [&](const std::string& id) {
+      std::promise<absl::StatusOr<CacheInspection>> p;
+      h.engine().InspectCache(Caller{}, id, true, [&](absl::StatusOr<CacheInspection> r) { p.set_value(r); });
+      CacheInspection out = p.get_future().get().value();
+      EXPECT_FALSE(out.session.busy);
+      std::vector<std::vector<int64_t>> positions;
+      for (const LayerCacheInfo& l : out.layers) {
+        for (const GroupCache& g : l.groups) positions.push_back(g.positions);
+      }
+      return std::make_tuple(out.session.tokens_seen, out.cold_kv_bytes, out.total_kv_bytes, positions);
+    };
+    const std::vector<int> held = tokens(s->id);
+    const auto before = inspect(s->id);
+    InputSpec input;
+    input.kind = InputSpec::Kind::kTokens;
+    input.tokens = Prompt(10, 2);
+    auto with_input = [&](int max_tokens) {
+      GenerateParams p = Params(s->id, max_tokens, 0, false);
+      p.commit = true;
+      p.input = input;
+      return p;
+    };
+
+    // 40 + 10 + 79 > 128: refused before anything runs.
+    EXPECT_THAT(h.StartGenerate(with_input(79)).get().status,
+                StatusIs(absl::StatusCode::kInvalidArgument, "max_tokens: the session holds 40 tokens and the input adds 10"));
+    EXPECT_EQ(tokens(s->id), held);
+    EXPECT_EQ(inspect(s->id), before);
+    // fit_max_tokens lowers it to the room instead.
+    GenerateParams fit = with_input(1000);
+    fit.fit_max_tokens = true;
+    fit.session_id = twin->id;  // run last, on the twin
+    // Without commit the input has nowhere to go.
+    GenerateParams bare = with_input(4);
+    bare.commit = false;
+    EXPECT_THAT(h.StartGenerate(bare).get().status, StatusIs(absl::StatusCode::kInvalidArgument, "commit"));
+    EXPECT_EQ(tokens(s->id), held);
+
+    // Cancelled after a few tokens: the input goes too.
+    auto cancel = std::make_shared<std::atomic<bool>>(false);
+    std::atomic<int> seen{0};
+    auto out = std::make_shared<std::promise<absl::Status>>();
+    StreamSink sink;
+    sink.on_delta = [&, cancel](GenerateDelta d) {
+      if ((seen += static_cast<int>(d.ids.size())) >= 3) cancel->store(true);
+    };
+    h.engine().Generate(with_input(70), cancel, sink,
+                        [out](absl::StatusOr<GenerateSummary> r) { out->set_value(r.status()); });
+    EXPECT_THAT(out->get_future().get(), StatusIs(absl::StatusCode::kCancelled, ""));
+    EXPECT_GE(seen.load(), 3);
+    EXPECT_EQ(tokens(s->id), held);
+    EXPECT_EQ(inspect(s->id), before);
+
+    // Completed: the same session as Append + Generate(commit) on the twin.
+    Harness::Gen unit = h.StartGenerate(with_input(6)).get();
+    ASSERT_THAT(unit.status, IsOk());
+    ASSERT_THAT(h.Append(twin->id, input.tokens).status(), IsOk());
+    GenerateParams two_step = Params(twin->id, 6, 0, false);
+    two_step.commit = true;
+    Harness::Gen second = h.StartGenerate(two_step).get();
+    ASSERT_THAT(second.status, IsOk());
+    EXPECT_EQ(unit.ids, second.ids);
+    std::vector<int> want = held;
+    want.insert(want.end(), input.tokens.begin(), input.tokens.end());
+    want.insert(want.end(), unit.ids.begin(), unit.ids.end());
+    EXPECT_EQ(tokens(s->id), want);
+    EXPECT_EQ(tokens(twin->id), want);
+    EXPECT_EQ(inspect(s->id), inspect(twin->id));
+    EXPECT_EQ(unit.summary.prompt_tokens, 50);
+
+    // fit_max_tokens: 56 + 10 held, 128 - 66 = 62 of room, not 1000.
+    Harness::Gen fitted = h.StartGenerate(fit).get();
+    ASSERT_THAT(fitted.status, IsOk());
+    EXPECT_EQ(fitted.ids.size(), 62u);
+  }
 }
 
 TEST(EngineStreamTest, AReaderThatNeverReadsIsSkippedAndOthersFinish) {

@@ -495,9 +495,10 @@ class ChatTest(HttpTestCase):
             self.assertEqual(top[token], logprob)
         self.assertEqual(lp["text_offset"], sorted(lp["text_offset"]))
         self.assertEqual(lp["text_offset"][0], 0)
-        # The tokens' own text; the engine's text drops the first token's leading
-        # SentencePiece space (it decodes the generated ids on their own).
-        self.assertEqual("".join(lp["tokens"]).lstrip(" "), full["choices"][0]["text"].lstrip(" "))
+        # The tokens' own text is the text, the first token's leading SentencePiece
+        # space included (issue 25: it used to be dropped), and text_offset indexes it.
+        self.assertEqual("".join(lp["tokens"]), full["choices"][0]["text"])
+        self.assertEqual(lp["text_offset"], [len("".join(lp["tokens"][:i])) for i in range(n)])
         _, events = sse("/v1/completions", dict(body, stream=True))
         merged = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for c in chunks(events):

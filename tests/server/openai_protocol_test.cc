@@ -296,7 +296,14 @@ TEST(ParseCompletionRequest, PromptForms) {
     EXPECT_FALSE(ParseCompletionRequest(body, &c, &err)) << body;
     EXPECT_EQ(err.param, param) << body << ": " << err.message;
     EXPECT_EQ(err.status, 400);
+    // The message names the field once (issue 25 item 11: "echo: echo: true is not supported").
+    EXPECT_EQ(err.message.rfind(param + ": ", 0), 0u) << err.message;
+    EXPECT_EQ(err.message.find(param + ": " + param + ":"), std::string::npos) << err.message;
   }
+  CompletionRequest c;
+  HttpError err;
+  EXPECT_FALSE(ParseCompletionRequest(R"({"model":"m","prompt":"x","echo":true})", &c, &err));
+  EXPECT_EQ(err.message, "echo: true is not supported");
 }
 
 // Issue 25 point 10: a list of prompts is one choice per prompt (OpenAI's behaviour,

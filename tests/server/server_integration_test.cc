@@ -206,6 +206,16 @@ class Offline {
   }
   int Tokens(const std::string& text) { return static_cast<int>(tokenizer_->Encode(text).value().size()); }
   std::string Decode(const std::vector<int>& ids) { return tokenizer_->Decode(ids).value(); }
+  // The text `ids` add after `text`'s tokens: Decode(prompt + ids) - Decode(prompt).
+  std::string Continuation(const std::string& text, const std::vector<int>& ids) {
+    const std::vector<int> prompt = tokenizer_->Encode(text).value();
+    std::vector<int> all = prompt;
+    all.insert(all.end(), ids.begin(), ids.end());
+    const std::string before = Decode(prompt);
+    const std::string after = Decode(all);
+    EXPECT_EQ(after.compare(0, before.size(), before), 0) << after;
+    return after.substr(std::min(before.size(), after.size()));
+  }
 
  private:
   std::unique_ptr<model::Transformer> model_;
@@ -300,7 +310,7 @@ TEST_F(ServerTest, GreedyStreamEqualsOfflineForEveryPolicy) {
     ASSERT_TRUE(g.status.ok()) << g.status.error_message();
     const std::vector<int> expected = offline_->Greedy(prompt, kind, 64, 24);
     EXPECT_EQ(g.ids, expected);
-    EXPECT_EQ(g.text, offline_->Decode(expected));
+    EXPECT_EQ(g.text, offline_->Continuation(prompt, expected));
     // And the same as the offline CLI a user would run (issue: `echokv-generate --json`).
     EXPECT_EQ(g.ids, GenerateCliIds(*model_dir_, prompt, name, 64, 24));
     EXPECT_EQ(g.final.generated_tokens(), 24);
@@ -395,8 +405,9 @@ TEST_F(ServerTest, SlowReaderGetsCoalescedDeltasWithTheSameIdsTextAndLogprobs) {
     SCOPED_TRACE(s == &fast ? "fast reader" : "slow reader");
     ASSERT_TRUE(s->status.ok()) << s->status.error_message();
     ASSERT_EQ(s->ids.size(), 400u);
-    // The text is the tokenizer's decoding of the ids (an oracle outside the server).
-    EXPECT_EQ(s->text, offline_->Decode(s->ids));
+    // The text is the tokenizer's decoding of prompt + ids minus the prompt's (an
+    // oracle outside the server).
+    EXPECT_EQ(s->text, offline_->Continuation("Once upon a time", s->ids));
     EXPECT_EQ(s->logprobs.size(), s->ids.size());
     for (size_t i = 0; i < s->messages.size(); ++i) {
       const pb::GenerateResponse& m = s->messages[i];

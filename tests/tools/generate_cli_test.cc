@@ -51,6 +51,19 @@ TEST_F(GenerateCliTest, JsonHasTheDocumentedFieldsAndReproducesGolden) {
   EXPECT_EQ(j.at("compression").at("policy"), "full");
 }
 
+// Issue 25 defect 1: the output's first token keeps its leading space (the prompt is
+// the decoder's context): "Once" continues " upon a time", in --json's text and in the
+// streamed text alike; it printed "upon a time".
+TEST_F(GenerateCliTest, TheFirstGeneratedTokenKeepsItsLeadingSpace) {
+  testing::CommandResult json = RunCli("--model " + model_ + " --prompt Once --max-tokens 8 --json");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const std::string text = nlohmann::json::parse(json.out).at("text");
+  EXPECT_EQ(text.rfind(" upon a time", 0), 0u) << text;
+  testing::CommandResult streamed = RunCli("--model " + model_ + " --prompt Once --max-tokens 8 2>/dev/null");
+  ASSERT_EQ(streamed.exit_code, 0) << streamed.err;
+  EXPECT_EQ(streamed.out, text + "\n");
+}
+
 // The start-up choice of OpenBLAS settings (common/blas_env.h), as --json reports it:
 // with OPENBLAS_THREAD_TIMEOUT already set the process starts without re-exec (and so
 // leaves the core to OpenBLAS); with nothing set it re-execs once and sets both.

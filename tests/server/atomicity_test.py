@@ -1,0 +1,420 @@
+#!/usr/bin/python3
+"""Every mutating request is all-or-nothing (issue 25, defect 2), against the real
+echokv-server binary on stories260K with a --state-dir:
+
+  a request that is refused, fails or is cancelled leaves its session exactly as it
+  was -- tokens, hot positions of every layer and group (InspectCache), cold tier,
+  stats and conversation (GetSession) -- on an evicting and a tiered session:
+
+  HTTP   /v1/completions and /v1/chat/completions continuing a session, streamed and
+         not: max_tokens past the context (400; the prompt used to stay appended and a
+         retry appended it again), an input past the context, a client that leaves
+         mid-stream (the whole request rolls back: its input too); "session_id": "new"
+         refused -> no session is left behind; a retry after a refusal appends the
+         prompt once, and the committed turn survives a restart from the state dir.
+  gRPC   AppendToSession past the context, Generate with commit past the context and
+         cancelled after its first delta (commit rolled back), ForkSession with a ttl
+         beyond the limit, Compress refused, ImportSession with keep_id of a live id
+         and of a truncated snapshot, DeleteSession of an unknown id.
+
+Also issue 25 item 11: echokv_generated_tokens_total counts the tokens of a cancelled
+generation.
+
+    ECHOKV_TEST_DATA=/work/shared /usr/bin/python3 tests/server/atomicity_test.py \\
+        --server-binary build/bin/echokv-server --client client/python
+
+Needs $ECHOKV_TEST_DATA (models/stories260K); exits 77 (ctest: skipped) when unset.
+No assertion depends on timing: waits poll with a generous ceiling.
+"""
+
+import argparse
+import dataclasses
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.request
+
+SKIP = 77
+HANG_GUARD_S = 120
+STORY = ("Once upon a time, there was a little girl named Lily. She loved to play outside in "
+         "the park with her friends.")
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+CONTEXT = 512  # stories260K's max_position_embeddings
+
+ARGS = None
+SERVER = None
+echokv = None
+
+
+class ServerProcess:
+    def __init__(self, model, state_dir):
+        self.tmp = tempfile.TemporaryDirectory(prefix="echokv-atomic-")
+        self.port_file = os.path.join(self.tmp.name, "ports")
+        self.log_path = os.path.join(self.tmp.name, "server.log")
+        self.log = open(self.log_path, "w")
+        self.process = subprocess.Popen(
+            [ARGS.server_binary, "--model", model, "--insecure", "--host", "127.0.0.1", "--port", "0",
+             "--metrics-port", "0", "--http-port", "0", "--port-file", self.port_file, "--threads", "1",
+             "--http-send-buffer-bytes", "16384", "--state-dir", state_dir, "--fsync", "none",
+             "--default-policy", "snapkv", "--default-budget", "24"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + HANG_GUARD_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError("echokv-server exited with %d:\n%s" % (self.process.returncode, self.tail()))
+            if os.path.exists(self.port_file):
+                with open(self.port_file) as f:
+                    ports = [int(x) for x in f.read().split()]
+                if len(ports) == 3:
+                    self.grpc_port, self.metrics_port, self.http_port = ports
+                    break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("echokv-server wrote no --port-file")
+        self.grpc = echokv.Client("127.0.0.1:%d" % self.grpc_port)
+
+    def tail(self):
+        self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()[-4000:]
+
+    def stop(self):
+        self.grpc.close()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                code = self.process.wait(timeout=HANG_GUARD_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                raise AssertionError("echokv-server ignored SIGTERM")
+            if code != 0:
+                raise AssertionError("echokv-server exited with %d:\n%s" % (code, self.tail()))
+        self.log.close()
+        self.tmp.cleanup()
+
+
+def request(method, path, body=None):
+    conn = http.client.HTTPConnection("127.0.0.1", SERVER.http_port, timeout=HANG_GUARD_S)
+    try:
+        conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        payload = resp.read()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, payload
+    finally:
+        conn.close()
+
+
+def post(path, body):
+    status, heads, payload = request("POST", path, body)
+    if body.get("stream") and status == 200:
+        return status, heads, payload.decode()
+    return status, heads, json.loads(payload)
+
+
+def metric(name):
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % SERVER.metrics_port, timeout=HANG_GUARD_S) as r:
+        text = r.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if head == name or head.startswith(name + "{"):
+            total += float(value)
+    return total
+
+
+def stalled_stream(path, body):
+    """A streamed request on a raw socket with a tiny receive buffer: reads the head and
+    the first event, then stops reading (the server holds the stream back, so it cannot
+    finish); the caller closes the socket."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(HANG_GUARD_S)
+    s.connect(("127.0.0.1", SERVER.http_port))
+    data = json.dumps(body).encode()
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % (path.encode(), len(data)) + data)
+    got = b""
+    while b"data: " not in got:
+        more = s.recv(1024)
+        if not more:
+            raise AssertionError("the stream closed early: %r" % got)
+        got += more
+    if not got.startswith(b"HTTP/1.1 200"):
+        raise AssertionError("stream refused: %r" % got[:300])
+    return s
+
+
+def state(sid):
+    """Everything observable of a session but its idle timer."""
+    c = SERVER.grpc
+    session = c.get(sid, include_tokens=True)
+    inspection = c.inspect(sid, positions=True)
+    return (dataclasses.replace(session, last_used_unix_ms=0),
+            dataclasses.replace(inspection, session=None))
+
+
+def wait_idle(sid):
+    deadline = time.monotonic() + HANG_GUARD_S
+    while time.monotonic() < deadline:
+        if not SERVER.grpc.get(sid).busy:
+            return
+        time.sleep(0.05)
+    raise AssertionError("session still busy (hang guard)")
+
+
+def delete_later(sid):
+    """A cleanup: deletes through the server running at the end of the test."""
+    SERVER.grpc.delete(sid)
+
+
+def session_ids():
+    return sorted(s.id for s in SERVER.grpc.list())
+
+
+def setUpModule():
+    global SERVER, MODEL_DIR, STATE_DIR
+    MODEL_DIR = tempfile.TemporaryDirectory(prefix="echokv-atomic-model-")
+    STATE_DIR = tempfile.TemporaryDirectory(prefix="echokv-atomic-state-")
+    out = os.path.join(MODEL_DIR.name, "stories260K")
+    os.makedirs(out)
+    for name in os.listdir(ARGS.source_model):
+        os.symlink(os.path.join(ARGS.source_model, name), os.path.join(out, name))
+    with open(os.path.join(out, "chat_template.jinja"), "w") as f:
+        f.write(CHAT_TEMPLATE)
+    ARGS.model = out
+    SERVER = ServerProcess(ARGS.model, STATE_DIR.name)
+
+
+def tearDownModule():
+    SERVER.stop()
+    MODEL_DIR.cleanup()
+    STATE_DIR.cleanup()
+
+
+class AtomicityTest(unittest.TestCase):
+    def run(self, result=None):
+        failures = len(result.failures) + len(result.errors) if result else 0
+        outcome = super().run(result)
+        if result is not None and len(result.failures) + len(result.errors) > failures:
+            sys.stderr.write("---- echokv-server log (tail) ----\n" + SERVER.tail() + "\n")
+        return outcome
+
+    def sessions(self):
+        """An evicting and a tiered text session, each after one committed turn."""
+        c = SERVER.grpc
+        out = []
+        for memory in ("evict", "tiered"):
+            s = c.create(STORY, memory=memory)
+            self.addCleanup(delete_later, s.id)
+            c.generate(s.id, max_tokens=4, temperature=0, commit=True).collect()
+            out.append(s.id)
+        return out
+
+    def chat_session(self):
+        status, heads, body = post("/v1/chat/completions", {
+            "model": "stories260K", "session_id": "new", "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "user", "content": "Tell me a story."}]})
+        self.assertEqual(status, 200, body)
+        sid = heads["x-echokv-session"]
+        self.addCleanup(delete_later, sid)
+        return sid, [{"role": "user", "content": "Tell me a story."},
+                     {"role": "assistant", "content": body["choices"][0]["message"]["content"]}]
+
+    def assertUnchanged(self, sid, before, what):
+        wait_idle(sid)
+        self.assertEqual(state(sid), before, what)
+
+    # ---- HTTP ----
+    def test_http_refused_completion_changes_nothing_and_a_retry_appends_once(self):
+        for sid in self.sessions():
+            before = state(sid)
+            held = before[0].tokens_seen
+            for stream in (False, True):
+                with self.subTest(session=sid, stream=stream):
+                    # Past the context: the prompt must not stay appended (it did: 9 -> 15).
+                    status, _, body = post("/v1/completions", {
+                        "model": "stories260K", "session_id": sid, "prompt": " and then",
+                        "max_tokens": CONTEXT - held, "stream": stream})
+                    self.assertEqual(status, 400, body)
+                    self.assertEqual(body["error"]["param"], "max_tokens", body)
+                    self.assertUnchanged(sid, before, "refused (max_tokens) completion")
+                    # The input alone past the context.
+                    status, _, body = post("/v1/completions", {
+                        "model": "stories260K", "session_id": sid, "prompt": " word" * CONTEXT,
+                        "max_tokens": 2, "stream": stream})
+                    self.assertEqual(status, 400, body)
+                    self.assertUnchanged(sid, before, "refused (input) completion")
+            # The retry appends the prompt exactly once.
+            status, _, body = post("/v1/completions", {
+                "model": "stories260K", "session_id": sid, "prompt": " and then", "max_tokens": 3,
+                "temperature": 0, "ignore_eos": True})
+            self.assertEqual(status, 200, body)
+            after = SERVER.grpc.get(sid, include_tokens=True)
+            prompt_len = after.tokens_seen - held - 3
+            self.assertEqual(list(after.tokens[:held]), list(before[0].tokens))
+            self.assertGreaterEqual(prompt_len, 1)
+            self.assertLessEqual(prompt_len, 3, "the prompt was appended more than once")
+
+    def test_http_refused_chat_changes_nothing(self):
+        sid, conversation = self.chat_session()
+        before = state(sid)
+        messages = conversation + [{"role": "user", "content": "And then?"}]
+        for stream in (False, True):
+            with self.subTest(stream=stream):
+                status, _, body = post("/v1/chat/completions", {
+                    "model": "stories260K", "session_id": sid, "messages": messages,
+                    "max_tokens": CONTEXT - before[0].tokens_seen, "stream": stream})
+                self.assertEqual(status, 400, body)
+                self.assertUnchanged(sid, before, "refused chat")
+                # A conversation that does not continue the session's: 409.
+                status, _, body = post("/v1/chat/completions", {
+                    "model": "stories260K", "session_id": sid, "max_tokens": 2, "stream": stream,
+                    "messages": [{"role": "user", "content": "Something else."}]})
+                self.assertEqual(status, 409, body)
+                self.assertUnchanged(sid, before, "mismatched chat")
+        # It still continues normally, the new messages and the reply entering once.
+        status, _, body = post("/v1/chat/completions", {
+            "model": "stories260K", "session_id": sid, "messages": messages, "max_tokens": 3, "temperature": 0})
+        self.assertEqual(status, 200, body)
+        got = SERVER.grpc.get(sid)
+        self.assertEqual([m.role for m in got.messages], ["user", "assistant", "user", "assistant"])
+
+    def test_http_client_leaving_mid_stream_rolls_the_whole_request_back(self):
+        sessions = self.sessions()
+        chat_sid, conversation = self.chat_session()
+        cases = [(sid, "/v1/completions", {"prompt": " and then"}) for sid in sessions]
+        cases.append((chat_sid, "/v1/chat/completions",
+                      {"messages": conversation + [{"role": "user", "content": "More!"}]}))
+        for sid, path, extra in cases:
+            with self.subTest(session=sid, path=path):
+                before = state(sid)
+                body = {"model": "stories260K", "session_id": sid, "stream": True, "ignore_eos": True,
+                        "max_tokens": CONTEXT - before[0].tokens_seen - 100}
+                body.update(extra)
+                s = stalled_stream(path, body)
+                s.close()
+                self.assertUnchanged(sid, before, "abandoned stream")
+
+    def test_http_refused_new_session_leaves_none(self):
+        listed = session_ids()
+        for path, extra in (("/v1/completions", {"prompt": STORY}),
+                            ("/v1/chat/completions", {"messages": [{"role": "user", "content": STORY}]})):
+            for stream in (False, True):
+                with self.subTest(path=path, stream=stream):
+                    body = {"model": "stories260K", "session_id": "new", "max_tokens": CONTEXT, "stream": stream}
+                    body.update(extra)
+                    status, heads, payload = post(path, body)
+                    self.assertEqual(status, 400, payload)
+                    self.assertNotIn("x-echokv-session", heads)
+                    self.assertEqual(session_ids(), listed)
+        # Abandoned mid-stream: the session the request created goes too.
+        s = stalled_stream("/v1/completions", {"model": "stories260K", "session_id": "new", "prompt": STORY,
+                                               "max_tokens": 300, "ignore_eos": True, "stream": True})
+        s.close()
+        deadline = time.monotonic() + HANG_GUARD_S
+        while session_ids() != listed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(session_ids(), listed)
+
+    def test_http_committed_turn_survives_a_restart(self):
+        # The input and the reply are written together, from where the saved session ended.
+        global SERVER
+        sid = self.sessions()[1]  # tiered: its cold tier is saved in segments
+        status, _, body = post("/v1/completions", {"model": "stories260K", "session_id": sid,
+                                                   "prompt": " and then", "max_tokens": 5, "temperature": 0})
+        self.assertEqual(status, 200, body)
+        before = state(sid)
+        SERVER.stop()
+        SERVER = ServerProcess(ARGS.model, STATE_DIR.name)
+        self.assertEqual(state(sid)[0].tokens, before[0].tokens)
+        self.assertEqual(state(sid)[0].cold_kv_bytes, before[0].cold_kv_bytes)
+        self.assertEqual(state(sid)[1].layers, before[1].layers)
+
+    # ---- gRPC ----
+    def test_grpc_refused_and_cancelled_mutations_change_nothing(self):
+        c = SERVER.grpc
+        for sid in self.sessions():
+            before = state(sid)
+            held = before[0].tokens_seen
+            with self.subTest(session=sid, rpc="AppendToSession past the context"):
+                with self.assertRaises(echokv.errors.InvalidArgument):
+                    c.append(sid, " word" * CONTEXT)
+                self.assertUnchanged(sid, before, "append")
+            with self.subTest(session=sid, rpc="Generate commit past the context"):
+                with self.assertRaises(echokv.errors.InvalidArgument):
+                    c.generate(sid, max_tokens=CONTEXT - held + 1, commit=True).collect()
+                self.assertUnchanged(sid, before, "generate")
+            with self.subTest(session=sid, rpc="Generate commit cancelled"):
+                generated = metric("echokv_generated_tokens_total")
+                stream = c.generate(sid, max_tokens=CONTEXT - held - 8, ignore_eos=True, commit=True)
+                first = next(iter(stream))
+                self.assertTrue(first.token_ids)
+                stream.cancel()
+                with self.assertRaises(echokv.errors.EchoKVError):
+                    stream.collect()
+                self.assertUnchanged(sid, before, "cancelled generate")
+                # Item 11: the cancelled generation's tokens are counted (the engine
+                # counts them before it releases the session, which assertUnchanged
+                # waited for).
+                self.assertGreaterEqual(metric("echokv_generated_tokens_total"), generated + len(first.token_ids))
+            with self.subTest(session=sid, rpc="ForkSession refused"):
+                listed = session_ids()
+                with self.assertRaises(echokv.errors.InvalidArgument):
+                    c.fork(sid, ttl_seconds=10 ** 9)
+                self.assertUnchanged(sid, before, "fork")
+                self.assertEqual(session_ids(), listed)
+            with self.subTest(session=sid, rpc="Compress refused"):
+                with self.assertRaises(echokv.errors.InvalidArgument):
+                    c.compress(STORY, policy="snapkv", budget=0)
+                self.assertUnchanged(sid, before, "compress")
+            with self.subTest(session=sid, rpc="ImportSession refused"):
+                snapshot = b"".join(c.export(sid))
+                listed = session_ids()
+                with self.assertRaises(echokv.errors.AlreadyExists):
+                    c.import_(snapshot, keep_id=True)
+                with self.assertRaises(echokv.errors.EchoKVError):
+                    c.import_(snapshot[:len(snapshot) // 2])
+                self.assertUnchanged(sid, before, "import")
+                self.assertEqual(session_ids(), listed)
+            with self.subTest(session=sid, rpc="DeleteSession of an unknown id"):
+                with self.assertRaises(echokv.errors.EchoKVError):
+                    c.delete(sid[:-4] + ("0000" if not sid.endswith("0000") else "1111"))
+                self.assertUnchanged(sid, before, "delete")
+
+
+def main():
+    global ARGS, echokv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server-binary", required=True)
+    parser.add_argument("--client", required=True, help="folder holding the echokv package")
+    args, rest = parser.parse_known_args()
+    data = os.environ.get("ECHOKV_TEST_DATA")
+    if not data:
+        print("SKIPPED: $ECHOKV_TEST_DATA is unset (needs models/stories260K)")
+        return SKIP
+    args.source_model = os.path.join(data, "models", "stories260K")
+    ARGS = args
+    sys.path.insert(0, args.client)
+    import echokv as echokv_module
+    echokv = echokv_module
+    program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+    if not program.result.wasSuccessful():
+        return 1
+    return SKIP if program.result.skipped else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
