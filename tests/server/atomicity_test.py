@@ -249,7 +249,9 @@ class AtomicityTest(unittest.TestCase):
                         "model": "stories260K", "session_id": sid, "prompt": " and then",
                         "max_tokens": CONTEXT - held, "stream": stream})
                     self.assertEqual(status, 400, body)
-                    self.assertEqual(body["error"]["param"], "max_tokens", body)
+                    # OpenAI's shape for a request past the context (issue 25 item 9).
+                    self.assertEqual(body["error"]["code"], "context_length_exceeded", body)
+                    self.assertEqual(body["error"]["param"], "prompt", body)
                     self.assertUnchanged(sid, before, "refused (max_tokens) completion")
                     # The input alone past the context.
                     status, _, body = post("/v1/completions", {
