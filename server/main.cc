@@ -292,7 +292,7 @@ int Run() {
   // checks the same token itself (CallerFromGrpc).
   std::shared_ptr<grpc::AuthMetadataProcessor> processor;
   if (tokens != nullptr && tls.enabled()) processor = std::make_shared<TokenAuthProcessor>(tokens.get(), metrics->get());
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = ServerCredentialsFor(tls, processor);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = ServerCredentialsFor(tls, processor, metrics->get());
   if (!creds.ok()) {
     ECHOKV_LOG(ERROR) << creds.status().message();
     return 2;

@@ -136,6 +136,13 @@ struct Metrics::Impl {
       .Help("Stream slots held per tenant (streaming calls, Compress and HTTP completions)")
       .Register(*registry);
 
+  prometheus::Family<prometheus::Counter>& tls_reload_failures = prometheus::BuildCounter()
+      .Name("echokv_tls_reload_failures_total")
+      .Help("Re-reads of the TLS files that found them unusable (empty, damaged, key not of the certificate); "
+            "the last good certificate and key stay in use")
+      .Register(*registry);
+  prometheus::Counter& tls_reload_failures_c = tls_reload_failures.Add({});
+
   prometheus::Family<prometheus::Gauge>& hot_bytes = prometheus::BuildGauge()
       .Name("echokv_hot_kv_bytes")
       .Help("Hot-tier (compact cache) KV bytes of all sessions: what max_kv_bytes counts")
@@ -231,6 +238,8 @@ void Metrics::OnStreamDelta(int delta) { impl_->streams_g.Increment(delta); }
 void Metrics::OnTenantStreamDelta(absl::string_view tenant, int delta) {
   impl_->tenant_streams.Add({{"tenant", std::string(tenant)}}).Increment(delta);
 }
+
+void Metrics::OnTlsReloadFailure() { impl_->tls_reload_failures_c.Increment(); }
 
 std::string Metrics::Render() const {
   prometheus::TextSerializer serializer;
