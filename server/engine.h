@@ -263,7 +263,8 @@ class SessionImport {
 
 // Engine health for the gRPC health service and the watchdog.
 struct EngineHealth {
-  bool serving = true;             // false: stuck (work waiting, no step for stuck_after)
+  bool serving = true;             // false: stuck, or the state dir cannot be written
+  bool state_writable = true;      // false: --state_dir's write probe fails (not a full disk)
   double seconds_since_step = 0;   // since the last completed step (0 when idle)
   int queued = 0;                  // requests and jobs waiting
 };

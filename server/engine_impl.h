@@ -194,6 +194,19 @@ class Engine::Impl {
   // Drops idle saved sessions' tensors until `bytes` more cold bytes fit in memory.
   absl::Status MakeColdRoom(int64_t bytes, const std::string& except);
   void ForgetOnDisk(const std::string& id);
+  // A failed state store call: logs `s` whole (paths and all) and returns what the
+  // client sees: the same code, "<doing> failed: <cause>" with the cause named without
+  // the server's paths (the errno's text, the refused kind, else the message with the
+  // state dir replaced by "<state_dir>"). A failed write (`write`) that is not a full
+  // disk also probes the state dir at once (MaybeProbeStateDir).
+  absl::Status StateFailure(const absl::Status& s, absl::string_view doing, bool write);
+  // With a state dir: every 10 s (every 1 s while it is unwritable, at once with `now`)
+  // a write probe on the I/O thread (StateStore::ProbeWritable) decides state_writable:
+  // false while the probe fails with anything but a full disk. Thread-safe.
+  void MaybeProbeStateDir(bool now = false);
+  std::atomic<bool> state_writable{true};
+  std::atomic<bool> state_probe_running{false};
+  std::atomic<int64_t> next_state_probe_ns{0};
   // The model's fingerprint (snapshots carry it), computed on first use.
   absl::StatusOr<state::ModelFingerprint> Fingerprint();
   // A scratch store for moving a session that lives in memory only; removed by the

@@ -407,6 +407,8 @@ int Run() {
         health->SetServingStatus("echokv.v1.EchoKV", serving);
         if (serving) {
           ECHOKV_LOG(INFO) << "engine recovered: serving again";
+        } else if (!h.state_writable) {
+          ECHOKV_LOG(ERROR) << "the state dir cannot be written; health NOT_SERVING";
         } else {
           ECHOKV_LOG(ERROR) << "engine stuck: no step for " << h.seconds_since_step << " s with " << h.queued
                             << " request(s) waiting; health NOT_SERVING";

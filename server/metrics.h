@@ -61,6 +61,7 @@ class Metrics : public EngineObserver {
   void OnStep(double seconds, int decode_rows) override;
   void OnStateError(absl::string_view kind) override;
   void OnSessionsRestored(int64_t count) override;
+  void OnStateDirWritable(bool writable) override;
 
  private:
   struct Impl;
