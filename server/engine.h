@@ -320,8 +320,10 @@ class Engine {
   // Every token the session holds, in order (its committed state).
   void SessionTokens(Caller caller, std::string session_id, DoneFn<std::vector<int>> done);
 
-  // Live totals (thread-safe, no engine round trip).
+  // Live totals (thread-safe, no engine round trip): of every session, or of one
+  // tenant's.
   StoreTotals Totals() const;
+  StoreTotals TotalsOf(const std::string& tenant) const;
   // Each tenant's own quotas (sessions, hot and cold bytes; the tokens file), replacing
   // the previous ones; thread-safe. Tenants without an entry have none.
   void SetTenantQuotas(absl::flat_hash_map<std::string, TenantQuota> quotas);

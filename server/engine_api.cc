@@ -624,6 +624,7 @@ void Engine::SessionTokens(Caller caller, std::string session_id, DoneFn<std::ve
 }
 
 StoreTotals Engine::Totals() const { return impl_->store->Totals(); }
+StoreTotals Engine::TotalsOf(const std::string& tenant) const { return impl_->store->TotalsOf(tenant); }
 
 void Engine::SetTenantQuotas(absl::flat_hash_map<std::string, TenantQuota> quotas) {
   impl_->store->SetTenantQuotas(std::move(quotas));

@@ -578,7 +578,8 @@ EchoKvService::Unary* EchoKvService::GetServerInfo(grpc::CallbackServerContext* 
                                                    grpc::ByteBuffer* out) {
   auto* reactor = new UnaryReactor<pb::ServerInfo>(this, "GetServerInfo", out);
   pb::GetServerInfoRequest request;
-  if (!AdmitCall(this, reactor, ctx, raw, &request, Slot::kNone)) return reactor;
+  const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request, Slot::kNone);
+  if (!caller) return reactor;
   pb::ServerInfo* response = reactor->response();
   const ServerFacts& f = engine_->facts();
   response->set_version(f.version);
@@ -612,7 +613,9 @@ EchoKvService::Unary* EchoKvService::GetServerInfo(grpc::CallbackServerContext* 
   response->mutable_default_compression()->set_memory(std::string(MemoryModeName(f.default_memory)));
   response->set_replica_id(f.replica_id);
   response->set_durable(f.durable);
-  const StoreTotals totals = engine_->Totals();
+  // A tenant sees its own sessions only (the server-wide figures are the operator's, on
+  // /metrics); without authentication every session is everyone's (docs/API.md).
+  const StoreTotals totals = tokens_ == nullptr ? engine_->Totals() : engine_->TotalsOf(caller->tenant);
   response->set_live_sessions(totals.sessions);
   response->set_live_retained_kv_bytes(totals.hot_bytes);
   response->set_live_cold_kv_bytes(totals.cold_bytes);
