@@ -194,6 +194,10 @@ absl::Status Engine::Impl::OpenDurableState() {
     ++restored;
   }
   if (observer != nullptr) observer->OnSessionsRestored(restored);
+  // The gauges too, now: the engine thread reports them only after its first idle wait
+  // (up to 200 ms), and the server is listening before that, so a scrape right after
+  // start read 0 sessions and 0 bytes however many were restored.
+  ReportGauges();
   ECHOKV_LOG(INFO) << "state dir " << config.state_dir << ": restored " << restored << " session(s), refused "
                    << found.errors.size() << ", fsync " << (config.fsync_always ? "always" : "none");
   facts.durable = true;
