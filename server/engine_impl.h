@@ -137,6 +137,10 @@ class Engine::Impl {
   // Durable sessions: the store, its observer, and one I/O thread (writes in order).
   std::unique_ptr<StateObserverAdapter> state_observer;
   std::unique_ptr<state::StateStore> durable;
+  // The state dir's write probe (MaybeProbeStateDir); before `io`, whose tasks use them.
+  std::atomic<bool> state_writable{true};
+  std::atomic<bool> state_probe_running{false};
+  std::atomic<int64_t> next_state_probe_ns{0};
   std::unique_ptr<WorkerPool> io;
   // Export / import streams (they wait on slow readers, so not on the I/O thread).
   std::unique_ptr<WorkerPool> transfer;
@@ -204,9 +208,6 @@ class Engine::Impl {
   // a write probe on the I/O thread (StateStore::ProbeWritable) decides state_writable:
   // false while the probe fails with anything but a full disk. Thread-safe.
   void MaybeProbeStateDir(bool now = false);
-  std::atomic<bool> state_writable{true};
-  std::atomic<bool> state_probe_running{false};
-  std::atomic<int64_t> next_state_probe_ns{0};
   // The model's fingerprint (snapshots carry it), computed on first use.
   absl::StatusOr<state::ModelFingerprint> Fingerprint();
   // A scratch store for moving a session that lives in memory only; removed by the
