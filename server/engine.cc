@@ -75,6 +75,7 @@ void Engine::Impl::Loop() {
       return;
     }
     Reap();
+    MaybeProbeStateDir();
     DropCancelled();
     Step();
     Heartbeat();

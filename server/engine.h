@@ -272,7 +272,8 @@ class SessionImport {
 
 // Engine health for the gRPC health service and the watchdog.
 struct EngineHealth {
-  bool serving = true;             // false: stuck (work waiting, no step for stuck_after)
+  bool serving = true;             // false: stuck, or the state dir cannot be written
+  bool state_writable = true;      // false: --state_dir's write probe fails (not a full disk)
   double seconds_since_step = 0;   // since the last completed step (0 when idle)
   int queued = 0;                  // requests and jobs waiting
 };
@@ -328,8 +329,10 @@ class Engine {
   // Every token the session holds, in order (its committed state).
   void SessionTokens(Caller caller, std::string session_id, DoneFn<std::vector<int>> done);
 
-  // Live totals (thread-safe, no engine round trip).
+  // Live totals (thread-safe, no engine round trip): of every session, or of one
+  // tenant's.
   StoreTotals Totals() const;
+  StoreTotals TotalsOf(const std::string& tenant) const;
   // Each tenant's own quotas (sessions, hot and cold bytes; the tokens file), replacing
   // the previous ones; thread-safe. Tenants without an entry have none.
   void SetTenantQuotas(absl::flat_hash_map<std::string, TenantQuota> quotas);

@@ -389,6 +389,7 @@ void Engine::ForkSession(Caller caller, std::string session_id, std::optional<ab
         impl->io->Submit([impl, record, finish](bool shutting_down) {
           absl::Status st = shutting_down ? absl::UnavailableError("server is shutting down")
                                           : impl->durable->WriteTurn(record->meta, record->segment);
+          if (!st.ok() && !shutting_down) st = impl->StateFailure(st, "saving the forked session", /*write=*/true);
           if (!impl->Post([finish, st] { finish(st); })) finish(absl::UnavailableError("server is shutting down"));
         });
       })) {
@@ -422,10 +423,7 @@ void Engine::DeleteSession(Caller caller, std::string session_id, DoneFn<int64_t
   // must not come back after a crash (the writer may still be busy with other sessions' turns).
   impl->io->Submit([impl, session_id, bytes = *freed, done = std::move(done)](bool) {
     absl::Status s = impl->durable->DeleteSession(session_id);
-    if (!s.ok() && !absl::IsNotFound(s)) {
-      ECHOKV_LOG(ERROR) << "removing a saved session failed: " << s.message();
-      return done(absl::Status(s.code(), absl::StrCat("removing the saved session: ", s.message())));
-    }
+    if (!s.ok() && !absl::IsNotFound(s)) return done(impl->StateFailure(s, "removing the saved session", /*write=*/true));
     done(bytes);
   });
 }
@@ -657,6 +655,7 @@ void Engine::SessionTokens(Caller caller, std::string session_id, DoneFn<std::ve
 }
 
 StoreTotals Engine::Totals() const { return impl_->store->Totals(); }
+StoreTotals Engine::TotalsOf(const std::string& tenant) const { return impl_->store->TotalsOf(tenant); }
 
 void Engine::SetTenantQuotas(absl::flat_hash_map<std::string, TenantQuota> quotas) {
   impl_->store->SetTenantQuotas(std::move(quotas));
@@ -676,7 +675,8 @@ EngineHealth Engine::Health() const {
   h.queued += impl_->work_items.load() + impl_->edge->queued();
   const absl::Time last = absl::FromUnixNanos(impl_->last_progress_ns.load());
   h.seconds_since_step = std::max(0.0, absl::ToDoubleSeconds(impl_->clock->Now() - last));
-  h.serving = !(h.queued > 0 && impl_->clock->Now() - last > impl_->config.stuck_after);
+  h.state_writable = impl_->state_writable.load();
+  h.serving = !(h.queued > 0 && impl_->clock->Now() - last > impl_->config.stuck_after) && h.state_writable;
   return h;
 }
 

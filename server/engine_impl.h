@@ -151,6 +151,10 @@ class Engine::Impl {
   // Durable sessions: the store, its observer, and one I/O thread (writes in order).
   std::unique_ptr<StateObserverAdapter> state_observer;
   std::unique_ptr<state::StateStore> durable;
+  // The state dir's write probe (MaybeProbeStateDir); before `io`, whose tasks use them.
+  std::atomic<bool> state_writable{true};
+  std::atomic<bool> state_probe_running{false};
+  std::atomic<int64_t> next_state_probe_ns{0};
   std::unique_ptr<WorkerPool> io;
   // Export / import streams (they wait on slow readers, so not on the I/O thread).
   std::unique_ptr<WorkerPool> transfer;
@@ -209,6 +213,16 @@ class Engine::Impl {
   // Drops idle saved sessions' tensors until `bytes` more cold bytes fit in memory.
   absl::Status MakeColdRoom(int64_t bytes, const std::string& except);
   void ForgetOnDisk(const std::string& id);
+  // A failed state store call: logs `s` whole (paths and all) and returns what the
+  // client sees: the same code, "<doing> failed: <cause>" with the cause named without
+  // the server's paths (the errno's text, the refused kind, else the message with the
+  // state dir replaced by "<state_dir>"). A failed write (`write`) that is not a full
+  // disk also probes the state dir at once (MaybeProbeStateDir).
+  absl::Status StateFailure(const absl::Status& s, absl::string_view doing, bool write);
+  // With a state dir: every 10 s (every 1 s while it is unwritable, at once with `now`)
+  // a write probe on the I/O thread (StateStore::ProbeWritable) decides state_writable:
+  // false while the probe fails with anything but a full disk. Thread-safe.
+  void MaybeProbeStateDir(bool now = false);
   // The model's fingerprint (snapshots carry it), computed on first use.
   absl::StatusOr<state::ModelFingerprint> Fingerprint();
   // A scratch store for moving a session that lives in memory only; removed by the

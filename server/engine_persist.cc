@@ -3,6 +3,12 @@
 // start (engine_impl.h).
 #include "server/engine_impl.h"
 
+#include <optional>
+#include <system_error>
+
+#include "absl/strings/str_replace.h"
+#include "server/state/file_ops.h"
+
 namespace echokv::server {
 
 SessionMeta Engine::Impl::BuildMeta(const ActiveJob& j, const SessionData& data) const {
@@ -54,10 +60,7 @@ void Engine::Impl::StartPersist(ActiveJob& j) {
   io->Submit([this, record, job_id](bool shutting_down) {
     absl::Status status = shutting_down ? absl::UnavailableError("server is shutting down")
                                         : durable->WriteTurn(record->meta, record->segment);
-    if (!status.ok()) {
-      ECHOKV_LOG(ERROR) << "saving a turn of a session failed: " << status.message();
-      status = absl::Status(status.code(), absl::StrCat("saving the session state: ", status.message()));
-    }
+    if (!status.ok() && !shutting_down) status = StateFailure(status, "saving the session state", /*write=*/true);
     Post([this, job_id, status] {
       for (auto& job : jobs) {
         if (job->id == job_id) {
@@ -66,6 +69,47 @@ void Engine::Impl::StartPersist(ActiveJob& j) {
         }
       }
     });
+  });
+}
+
+absl::Status Engine::Impl::StateFailure(const absl::Status& s, absl::string_view doing, bool write) {
+  ECHOKV_LOG(ERROR) << doing << " failed: " << s.message();
+  if (write && !absl::IsResourceExhausted(s)) MaybeProbeStateDir(/*now=*/true);
+  std::string cause;
+  if (const std::optional<int> err = state::ErrnoOf(s); err.has_value()) {
+    cause = absl::StrCat(std::error_code(*err, std::generic_category()).message(), " (errno ", *err, ")");
+  } else if (const std::optional<state::ErrorKind> kind = state::ErrorKindOf(s); kind.has_value()) {
+    cause = absl::StrCat("the saved state failed verification (", state::ErrorKindName(*kind), ")");
+  } else {
+    cause = std::string(s.message());
+    if (!config.state_dir.empty()) cause = absl::StrReplaceAll(cause, {{config.state_dir, "<state_dir>"}});
+  }
+  return absl::Status(s.code(), absl::StrCat(doing, " failed: ", cause, "; the server's log has the details"));
+}
+
+void Engine::Impl::MaybeProbeStateDir(bool now) {
+  if (durable == nullptr || io == nullptr) return;
+  const int64_t t = absl::ToUnixNanos(absl::Now());
+  if (!now && t < next_state_probe_ns.load()) return;
+  if (state_probe_running.exchange(true)) return;
+  const absl::Duration every = state_writable.load() ? absl::Seconds(10) : absl::Seconds(1);
+  next_state_probe_ns.store(t + absl::ToInt64Nanoseconds(every));
+  io->Submit([this](bool shutting_down) {
+    if (!shutting_down) {
+      const absl::Status probe = durable->ProbeWritable();
+      // A full disk is not an unwritable one: deletes free room, smaller writes may fit.
+      const bool writable = probe.ok() || absl::IsResourceExhausted(probe);
+      if (writable != state_writable.exchange(writable)) {
+        if (writable) {
+          ECHOKV_LOG(INFO) << "state dir " << config.state_dir << " is writable again";
+        } else {
+          ECHOKV_LOG(ERROR) << "state dir " << config.state_dir << " cannot be written (" << probe.message()
+                            << "): health NOT_SERVING until it can; probing every second";
+        }
+        if (observer != nullptr) observer->OnStateDirWritable(writable);
+      }
+    }
+    state_probe_running.store(false);
   });
 }
 
@@ -101,12 +145,11 @@ absl::StatusOr<std::shared_ptr<SessionData>> Engine::Impl::SessionDataFor(const 
   if (durable == nullptr) return absl::InternalError(absl::StrCat("session ", EscapedIdPrefix(id), " has no state"));
   ECHOKV_ASSIGN_OR_RETURN(SessionMeta meta, store->Get(id, tenant, false));
   absl::StatusOr<std::unique_ptr<state::SessionReader>> reader = durable->OpenSession(id);
-  if (!reader.ok()) {
-    ECHOKV_LOG(ERROR) << "loading a saved session failed: " << reader.status().message();
-    return reader.status();
-  }
+  if (!reader.ok()) return StateFailure(reader.status(), "loading the saved session", /*write=*/false);
   if (meta.memory == MemoryMode::kTiered) ECHOKV_RETURN_IF_ERROR(MakeColdRoom(meta.cold_bytes, id));
-  ECHOKV_ASSIGN_OR_RETURN(data, LoadSessionData(**reader, *model));
+  absl::StatusOr<std::shared_ptr<SessionData>> loaded = LoadSessionData(**reader, *model);
+  if (!loaded.ok()) return StateFailure(loaded.status(), "loading the saved session", /*write=*/false);
+  data = std::move(*loaded);
   store->ReplaceData(id, data, /*cold_in_memory=*/data->cold != nullptr);
   return data;
 }
@@ -127,6 +170,8 @@ absl::Status Engine::Impl::OpenDurableState() {
   }
   durable = std::move(*opened);
   io = std::make_unique<WorkerPool>(1);
+  // Create's own probe passed just now: the periodic ones start in 10 s.
+  next_state_probe_ns.store(absl::ToUnixNanos(absl::Now() + absl::Seconds(10)));
   const state::RecoveryResult found = durable->OpenAll();
   for (const state::StateError& e : found.errors) {
     ECHOKV_LOG(ERROR) << "saved session " << EscapedIdPrefix(e.session_id) << " refused ("
@@ -152,6 +197,10 @@ absl::Status Engine::Impl::OpenDurableState() {
     ++restored;
   }
   if (observer != nullptr) observer->OnSessionsRestored(restored);
+  // The gauges too, now: the engine thread reports them only after its first idle wait
+  // (up to 200 ms), and the server is listening before that, so a scrape right after
+  // start read 0 sessions and 0 bytes however many were restored.
+  ReportGauges();
   ECHOKV_LOG(INFO) << "state dir " << config.state_dir << ": restored " << restored << " session(s), refused "
                    << found.errors.size() << ", fsync " << (config.fsync_always ? "always" : "none");
   facts.durable = true;

@@ -4,7 +4,9 @@
 // CallerFromGrpc reads it back in the service (on a plaintext port, where gRPC 1.51
 // cannot run a processor, it verifies the metadata itself with the same TokenStore).
 // ServerCredentialsFor builds TLS / mTLS credentials that re-read the certificate
-// files while the server runs.
+// files while the server runs and keep the last good pair when a re-read finds a bad
+// one (an empty, truncated or mismatched file: what a non-atomic rotation shows for a
+// moment).
 //
 //   auto processor = std::make_shared<TokenAuthProcessor>(tokens.get(), metrics.get());
 //   ECHOKV_ASSIGN_OR_RETURN(auto creds, ServerCredentialsFor(tls, processor));
@@ -65,14 +67,33 @@ struct TlsFiles {
   bool enabled() const { return !cert.empty() || !key.empty() || !client_ca.empty(); }
 };
 
-// Checks the files now (readable, PEM, the key matches the certificate, the CA
-// bundle holds certificates) so a bad path fails at start with a clear error.
+// The PEM texts of one usable set of TLS files.
+struct TlsMaterial {
+  std::string cert;
+  std::string key;
+  std::string client_ca;  // "" without mTLS
+  bool operator==(const TlsMaterial& o) const { return cert == o.cert && key == o.key && client_ca == o.client_ca; }
+};
+
+// Reads the files and checks them: readable, the certificate file holds certificates
+// and nothing damaged after them, the key is an unencrypted PEM private key of the
+// first certificate, the CA bundle (when set) holds certificates. Errors name the flag
+// and the path (for the server's log; never sent to a client).
+absl::StatusOr<TlsMaterial> LoadTlsMaterial(const TlsFiles& tls);
+
+// Checks the flags and LoadTlsMaterial now, so a bad path fails at start with a clear
+// error.
 absl::Status ValidateTlsFiles(const TlsFiles& tls);
 
-// Insecure credentials without TLS; TLS (mTLS with client_ca) credentials watching
-// the files otherwise, with `processor` (may be null) installed.
+// Insecure credentials without TLS. With TLS (mTLS with client_ca): credentials whose
+// own thread re-reads the files every refresh_seconds; a set that passes
+// LoadTlsMaterial and differs from the current one is handed to gRPC for new
+// handshakes (established connections keep theirs); a set that fails is logged,
+// counted in echokv_tls_reload_failures_total (`metrics`, may be null) and changes
+// nothing: the last good certificate and key stay in use and the files are tried
+// again at the next interval. `processor` (may be null) is installed on the port.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
-    const TlsFiles& tls, std::shared_ptr<grpc::AuthMetadataProcessor> processor);
+    const TlsFiles& tls, std::shared_ptr<grpc::AuthMetadataProcessor> processor, Metrics* metrics = nullptr);
 
 }  // namespace echokv::server
 

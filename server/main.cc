@@ -15,6 +15,7 @@
 // NOT_SERVING, stop accepting, let in-flight calls finish until --shutdown-grace, then
 // cancel what is left; exit 0. A second signal cancels at once. Signals are taken by
 // sigwait on the main thread, never in a handler.
+#include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -302,7 +303,7 @@ int Run() {
   // checks the same token itself (CallerFromGrpc).
   std::shared_ptr<grpc::AuthMetadataProcessor> processor;
   if (tokens != nullptr && tls.enabled()) processor = std::make_shared<TokenAuthProcessor>(tokens.get(), metrics->get());
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = ServerCredentialsFor(tls, processor);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = ServerCredentialsFor(tls, processor, metrics->get());
   if (!creds.ok()) {
     ECHOKV_LOG(ERROR) << creds.status().message();
     return 2;
@@ -420,6 +421,8 @@ int Run() {
         health->SetServingStatus("echokv.v1.EchoKV", serving);
         if (serving) {
           ECHOKV_LOG(INFO) << "engine recovered: serving again";
+        } else if (!h.state_writable) {
+          ECHOKV_LOG(ERROR) << "the state dir cannot be written; health NOT_SERVING";
         } else {
           ECHOKV_LOG(ERROR) << "engine stuck: no step for " << h.seconds_since_step << " s with " << h.queued
                             << " request(s) waiting; health NOT_SERVING";
@@ -453,21 +456,37 @@ int Run() {
   if (http != nullptr) http->Drain();  // new HTTP requests: 503
   const absl::Duration grace = absl::GetFlag(FLAGS_shutdown_grace);
   const absl::Time deadline = absl::Now() + grace;
-  std::thread stopper([&server, deadline] { server->Shutdown(absl::ToChronoTime(deadline)); });
+  // Shutdown sends GOAWAY, stops accepting and waits for calls, and also for every
+  // connection to close: an idle client that does not answer the GOAWAY's ping (a
+  // Python channel between calls), a TCP connection that never spoke HTTP/2 or a
+  // health Watch held it until the client gave up (4.6-7 s) or the deadline (the whole
+  // grace). So once none of our calls is left, main cuts the remaining connections
+  // (grpc_server_cancel_all_calls, what Shutdown itself does at the deadline), again
+  // every 20 ms until Shutdown returns: the first cut may come before Shutdown began.
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&server, &stopped, deadline] {
+    server->Shutdown(absl::ToChronoTime(deadline));
+    stopped.store(true);
+  });
   // Let in-flight calls finish; cancel what remains shortly before the deadline (or
   // at once on a second signal) so the engine has time to unwind.
   const absl::Time cancel_at = deadline - std::min(grace / 5, absl::Seconds(1));
   bool cancelled = false;
-  while (service.streams_in_flight() > 0 && !cancelled) {
-    struct timespec ts = {0, 50 * 1000 * 1000};
+  auto wait_a_little = [&] {
+    struct timespec ts = {0, 20 * 1000 * 1000};
     const int got = sigtimedwait(&signals, nullptr, &ts);
-    if ((got > 0 && got != SIGHUP) || absl::Now() >= cancel_at) {
+    if (!cancelled && ((got > 0 && got != SIGHUP) || absl::Now() >= cancel_at)) {
       ECHOKV_LOG(INFO) << "cancelling " << service.streams_in_flight() << " in-flight call(s)";
       (*engine)->CancelAll();
       cancelled = true;
     }
+  };
+  while (!stopped.load()) {
+    wait_a_little();
+    if (service.calls_in_flight() == 0) grpc_server_cancel_all_calls(server->c_server());
   }
   stopper.join();
+  while (service.streams_in_flight() > 0 && !cancelled) wait_a_little();  // HTTP streams
   (*engine)->Shutdown();
   if (http != nullptr) http->Stop();  // after the engine released every waiting handler
   ECHOKV_LOG(INFO) << "echokv-server stopped";

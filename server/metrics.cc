@@ -136,6 +136,13 @@ struct Metrics::Impl {
       .Help("Stream slots held per tenant (streaming calls, Compress and HTTP completions)")
       .Register(*registry);
 
+  prometheus::Family<prometheus::Counter>& tls_reload_failures = prometheus::BuildCounter()
+      .Name("echokv_tls_reload_failures_total")
+      .Help("Re-reads of the TLS files that found them unusable (empty, damaged, key not of the certificate); "
+            "the last good certificate and key stay in use")
+      .Register(*registry);
+  prometheus::Counter& tls_reload_failures_c = tls_reload_failures.Add({});
+
   prometheus::Family<prometheus::Gauge>& hot_bytes = prometheus::BuildGauge()
       .Name("echokv_hot_kv_bytes")
       .Help("Hot-tier (compact cache) KV bytes of all sessions: what max_kv_bytes counts")
@@ -157,7 +164,20 @@ struct Metrics::Impl {
       .Help("Saved sessions refused (at start or when loaded), by kind")
       .Register(*registry);
 
+  prometheus::Family<prometheus::Counter>& state_write_failures = prometheus::BuildCounter()
+      .Name("echokv_state_write_failures_total")
+      .Help("Durable state writes (--state_dir: turns, updates, imports, deletes) that failed; the client got "
+            "the error and nothing changed")
+      .Register(*registry);
+  prometheus::Family<prometheus::Gauge>& state_writable = prometheus::BuildGauge()
+      .Name("echokv_state_dir_writable")
+      .Help("1 while --state_dir takes new files (its write probe passes or only finds the disk full), 0 while "
+            "it cannot be written (health NOT_SERVING)")
+      .Register(*registry);
+
   // Unlabelled series, created once.
+  prometheus::Counter& state_write_failures_c = state_write_failures.Add({});
+  prometheus::Gauge& state_writable_g = state_writable.Add({});
   prometheus::Gauge& hot_bytes_g = hot_bytes.Add({});
   prometheus::Gauge& cold_memory_g = cold_bytes.Add({{"where", "memory"}});
   prometheus::Gauge& cold_total_g = cold_bytes.Add({{"where", "all"}});
@@ -189,6 +209,7 @@ Metrics::~Metrics() = default;
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& bind_address,
                                                          const HttpOptions& options) {
   auto impl = std::make_unique<Impl>();
+  impl->state_writable_g.Set(1);  // until a state dir's probe says otherwise
   Metrics* metrics = new Metrics(std::move(impl));
   std::unique_ptr<Metrics> owned(metrics);
   if (!bind_address.empty()) {
@@ -238,6 +259,8 @@ void Metrics::OnTenantStreamDelta(absl::string_view tenant, int delta) {
   impl_->tenant_streams.Add({{"tenant", std::string(tenant)}}).Increment(delta);
 }
 
+void Metrics::OnTlsReloadFailure() { impl_->tls_reload_failures_c.Increment(); }
+
 std::string Metrics::Render() const {
   prometheus::TextSerializer serializer;
   return serializer.Serialize(impl_->registry->Collect());
@@ -274,7 +297,9 @@ void Metrics::OnSessionRejected(absl::string_view limit) {
 
 void Metrics::OnStateWrite(double seconds, bool ok) {
   impl_->state_write.Add({{"result", ok ? "ok" : "error"}}, SecondsBuckets()).Observe(seconds);
+  if (!ok) impl_->state_write_failures_c.Increment();
 }
+void Metrics::OnStateDirWritable(bool writable) { impl_->state_writable_g.Set(writable ? 1 : 0); }
 void Metrics::OnStateError(absl::string_view kind) {
   impl_->state_errors.Add({{"kind", std::string(kind)}}).Increment();
 }

@@ -43,6 +43,8 @@ class Metrics : public EngineObserver {
   // Stream slots held by an authenticated tenant (+1 / -1); tenants come from the
   // tokens file, so the label is bounded.
   void OnTenantStreamDelta(absl::string_view tenant, int delta);
+  // A re-read of the TLS files that found them unusable (the last good ones stay).
+  void OnTlsReloadFailure();
   // The text exposition of every family (what /metrics serves).
   std::string Render() const;
 
@@ -59,6 +61,7 @@ class Metrics : public EngineObserver {
   void OnStep(double seconds, int decode_rows) override;
   void OnStateError(absl::string_view kind) override;
   void OnSessionsRestored(int64_t count) override;
+  void OnStateDirWritable(bool writable) override;
 
  private:
   struct Impl;

@@ -198,6 +198,18 @@ bool MergeInto(Response*, Response*) {
   return false;  // progress events, snapshot chunks: one message each
 }
 
+// Counts a call in EchoKvService::calls_in_flight for as long as its reactor lives.
+class InFlight {
+ public:
+  explicit InFlight(EchoKvService* service) : service_(service) { service_->OnCallStarted(); }
+  ~InFlight() { service_->OnCallEnded(); }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+
+ private:
+  EchoKvService* service_;
+};
+
 // A server-streaming call: messages queued from any thread, one write in flight.
 //
 // While a write is in flight, Generate deltas queued behind it are coalesced into one
@@ -215,7 +227,8 @@ template <typename Response>
 class StreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   StreamReactor(EchoKvService* service, const char* method)
-      : service_(service), method_(method), max_backlog_(service->engine()->facts().limits.max_stream_backlog) {}
+      : in_flight_(service), service_(service), method_(method),
+        max_backlog_(service->engine()->facts().limits.max_stream_backlog) {}
 
   CancelFlag cancel() const { return cancel_; }
 
@@ -351,6 +364,7 @@ class StreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
   }
 
+  InFlight in_flight_;           // first: counted until the last member is gone
   EchoKvService* service_;       // not owned
   const char* method_;           // RPC name for metrics
   const int max_backlog_;        // EngineLimits::max_stream_backlog
@@ -374,7 +388,7 @@ template <typename Response>
 class UnaryReactor : public grpc::ServerUnaryReactor {
  public:
   UnaryReactor(EchoKvService* service, const char* method, grpc::ByteBuffer* out)
-      : service_(service), method_(method), out_(out) {}
+      : in_flight_(service), service_(service), method_(method), out_(out) {}
   CancelFlag cancel() const { return cancel_; }
   Response* response() { return &response_; }
   absl::Status TakeSlot(const std::string& tenant) {
@@ -396,6 +410,7 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
   }
 
  private:
+  InFlight in_flight_;           // first: counted until the last member is gone
   EchoKvService* service_;       // not owned
   const char* method_;           // RPC name for metrics
   grpc::ByteBuffer* out_;        // the raw response (owned by gRPC)
@@ -437,7 +452,7 @@ DoneFn<SessionInfo> SessionToStream(StreamReactor<pb::SessionProgress>* reactor)
 class ImportReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   ImportReactor(EchoKvService* service, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* out)
-      : service_(service), ctx_(ctx), out_(out) {}
+      : in_flight_(service), service_(service), ctx_(ctx), out_(out) {}
 
   void Start() {
     absl::StatusOr<Caller> caller = CallerFromGrpc(*ctx_, service_->tokens());
@@ -497,6 +512,7 @@ class ImportReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     Finish(st);
   }
 
+  InFlight in_flight_;           // first: counted until the last member is gone
   EchoKvService* service_;              // not owned
   grpc::CallbackServerContext* ctx_;    // owned by gRPC, valid until OnDone
   grpc::ByteBuffer* out_;               // the raw response (owned by gRPC)
@@ -578,7 +594,8 @@ EchoKvService::Unary* EchoKvService::GetServerInfo(grpc::CallbackServerContext* 
                                                    grpc::ByteBuffer* out) {
   auto* reactor = new UnaryReactor<pb::ServerInfo>(this, "GetServerInfo", out);
   pb::GetServerInfoRequest request;
-  if (!AdmitCall(this, reactor, ctx, raw, &request, Slot::kNone)) return reactor;
+  const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request, Slot::kNone);
+  if (!caller) return reactor;
   pb::ServerInfo* response = reactor->response();
   const ServerFacts& f = engine_->facts();
   response->set_version(f.version);
@@ -612,7 +629,9 @@ EchoKvService::Unary* EchoKvService::GetServerInfo(grpc::CallbackServerContext* 
   response->mutable_default_compression()->set_memory(std::string(MemoryModeName(f.default_memory)));
   response->set_replica_id(f.replica_id);
   response->set_durable(f.durable);
-  const StoreTotals totals = engine_->Totals();
+  // A tenant sees its own sessions only (the server-wide figures are the operator's, on
+  // /metrics); without authentication every session is everyone's (docs/API.md).
+  const StoreTotals totals = tokens_ == nullptr ? engine_->Totals() : engine_->TotalsOf(caller->tenant);
   response->set_live_sessions(totals.sessions);
   response->set_live_retained_kv_bytes(totals.hot_bytes);
   response->set_live_cold_kv_bytes(totals.cold_bytes);

@@ -69,6 +69,11 @@ class EchoKvService final : public EchoKvServiceBase {
 
   // Streaming RPCs (and Compress) in flight.
   int streams_in_flight() const { return slots_.in_flight(); }
+  // Calls of this service whose reactor lives (unary ones too; gRPC door only): main's
+  // shutdown cuts idle connections once none is left.
+  int calls_in_flight() const { return calls_.load(); }
+  void OnCallStarted() { calls_.fetch_add(1); }
+  void OnCallEnded() { calls_.fetch_sub(1); }
 
   // Shared with the reactors (service.cc).
   Metrics* metrics() const { return metrics_; }
@@ -85,6 +90,7 @@ class EchoKvService final : public EchoKvServiceBase {
   Metrics* metrics_;           // not owned; may be null
   const TokenStore* tokens_;   // not owned; null = no authentication
   StreamSlots slots_;          // streaming calls in flight, per tenant
+  std::atomic<int> calls_{0};  // live reactors
 };
 
 }  // namespace echokv::server

@@ -422,4 +422,21 @@ StoreTotals SessionStore::Totals() const {
   return t;
 }
 
+StoreTotals SessionStore::TotalsOf(const std::string& tenant) const {
+  absl::MutexLock lock(&mu_);
+  StoreTotals t;
+  if (auto it = usage_.find(tenant); it != usage_.end()) {
+    t.hot_bytes = it->second.hot_bytes;
+    t.cold_memory_bytes = it->second.cold_memory_bytes;
+  }
+  for (const auto& [ticket, r] : reservations_) t.reserved += r.tenant == tenant ? 1 : 0;
+  for (const auto& [id, e] : sessions_) {
+    if (e.meta.tenant != tenant) continue;
+    ++t.sessions;
+    t.cold_bytes += e.meta.cold_bytes;
+    t.full_bytes += e.meta.full_bytes;
+  }
+  return t;
+}
+
 }  // namespace echokv::server

@@ -158,6 +158,9 @@ class SessionStore {
   std::vector<std::string> SpillCandidates(const std::string& except) const;
 
   StoreTotals Totals() const;
+  // The same over `tenant`'s sessions and reservations only (what GetServerInfo shows a
+  // tenant).
+  StoreTotals TotalsOf(const std::string& tenant) const;
   const SessionLimits& limits() const { return limits_; }
   const std::string& replica_id() const { return replica_id_; }
 

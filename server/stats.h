@@ -60,6 +60,9 @@ class EngineObserver {
   virtual void OnStateError(absl::string_view kind) {}
   // Sessions found valid on disk at start.
   virtual void OnSessionsRestored(int64_t count) {}
+  // The state dir's write probe changed its verdict (false: it cannot be written; a full
+  // disk counts as writable). Starts true.
+  virtual void OnStateDirWritable(bool writable) {}
   // One engine step that ran work: its wall time and the rows of its batched decode
   // (streams and lookahead rows; 0 when it only prefilled, ran a policy phase or sampled
   // new streams' first tokens from their sessions' logits).

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace echokv::state {
@@ -32,10 +34,24 @@ absl::string_view FileOpName(FileOp op) {
   return "unknown";
 }
 
+namespace {
+constexpr char kErrnoPayloadUrl[] = "echokv.state/errno";
+}  // namespace
+
 absl::Status ErrnoToStatus(int err, absl::string_view what, absl::string_view path) {
   std::string message = absl::StrCat(what, " ", path, ": ", strerror(err), " (errno ", err, ")");
-  if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(message);
-  return absl::InternalError(message);
+  absl::Status status =
+      err == ENOSPC || err == EDQUOT ? absl::ResourceExhaustedError(message) : absl::InternalError(message);
+  status.SetPayload(kErrnoPayloadUrl, absl::Cord(absl::StrCat(err)));
+  return status;
+}
+
+std::optional<int> ErrnoOf(const absl::Status& status) {
+  if (status.ok()) return std::nullopt;
+  absl::optional<absl::Cord> payload = status.GetPayload(kErrnoPayloadUrl);
+  int err = 0;
+  if (!payload || !absl::SimpleAtoi(std::string(*payload), &err)) return std::nullopt;
+  return err;
 }
 
 // ---- PosixFileOps ----

@@ -16,6 +16,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -130,8 +131,12 @@ class FaultInjectingFileOps : public FileOps {
 };
 
 // The store's one errno -> Status mapping: ENOSPC / EDQUOT -> RESOURCE_EXHAUSTED, every
-// other errno -> INTERNAL; the message is "<what> <path>: <strerror> (errno N)".
+// other errno -> INTERNAL; the message is "<what> <path>: <strerror> (errno N)", and the
+// errno rides along as a payload (ErrnoOf) so a caller can say what failed without the
+// path.
 absl::Status ErrnoToStatus(int err, absl::string_view what, absl::string_view path);
+// The errno ErrnoToStatus put in `status`; nullopt for OK or a status without one.
+std::optional<int> ErrnoOf(const absl::Status& status);
 
 }  // namespace echokv::state
 

@@ -242,13 +242,18 @@ absl::Status StateStore::Open() {
   }
   // Write probe: an existing directory on a read-only or full file system fails here, at
   // start, rather than at the first acknowledged turn.
-  const std::string probe = Join(sessions, FreshName(kStagingPrefix, "probe"));
+  return ProbeWritable();
+}
+
+absl::Status StateStore::ProbeWritable() {
+  const std::string probe = Join(SessionsDir(), FreshName(kStagingPrefix, "probe"));
   absl::string_view probe_parts[] = {"probe"};
   uint64_t bytes = 0;
   absl::Status probe_status = WriteFileParts(probe, probe_parts, &bytes);
   if (!probe_status.ok()) {
-    return absl::Status(probe_status.code(),
-                        absl::StrCat("not writable: ", probe_status.message()));
+    absl::Status out(probe_status.code(), absl::StrCat("not writable: ", probe_status.message()));
+    probe_status.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+    return out;
   }
   Cleanup(probe);
   return absl::OkStatus();
@@ -354,6 +359,7 @@ void StateStore::Cleanup(const std::string& path) {
 void StateStore::RemoveTree(const std::string& path) {
   std::vector<std::string> names;
   int rc = ops_->ListDir(path, &names);
+  if (rc == -ENOTDIR) return Cleanup(path);  // a write probe's file left by a crash
   if (rc < 0) {
     if (-rc != ENOENT && options_.observer) {
       options_.observer->OnCleanupFailed(ErrnoToStatus(-rc, "list", path));

@@ -151,6 +151,12 @@ class StateStore {
   // removed. NOT_FOUND for a session the store does not know.
   absl::Status DeleteSession(absl::string_view id);
 
+  // Writes (fsyncs, with FsyncPolicy::kAlways) and removes a small file in DIR/sessions:
+  // OK when the directory takes new files now. The error of the write otherwise (errno
+  // attached, ErrnoOf), prefixed "not writable: ". Create runs it once; the engine runs
+  // it to tell an unwritable state dir (health NOT_SERVING) from a full one.
+  absl::Status ProbeWritable();
+
   // Opens a known session for reading: re-reads its manifest, checks it against what the
   // store knows, verifies every segment payload checksum not verified before (segments
   // this store wrote or imported count as verified). DATA_LOSS (kind attached, observer
