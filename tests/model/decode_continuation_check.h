@@ -50,7 +50,9 @@ inline int CheckContinuationsAtEverySplit(const Tokenizer& tok, const std::vecto
     streamed += *tail;
     absl::StatusOr<std::string> once = DecodeContinuation(tok, context, rest);
     EXPECT_TRUE(once.ok());
-    if (once.ok()) EXPECT_EQ(*once, streamed);
+    if (once.ok()) {
+      EXPECT_EQ(*once, streamed);
+    }
     if (full->compare(0, pre->size(), *pre) == 0) {
       EXPECT_EQ(streamed, full->substr(pre->size()));
       ++exact;
