@@ -853,7 +853,10 @@ void OpenAiServer::Impl::Routes(httplib::Server& s) {
   });
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     const EngineHealth h = engine->Health();
-    const char* status = draining.load() ? "draining" : h.serving ? "ok" : "stuck";
+    const char* status = draining.load()     ? "draining"
+                         : h.serving          ? "ok"
+                         : !h.state_writable  ? "state_unwritable"
+                                              : "stuck";
     res.status = std::string(status) == "ok" ? 200 : 503;
     res.set_content(openai::Dump(nlohmann::ordered_json{{"status", status}}), kJson);
   });

@@ -39,6 +39,7 @@ what the server takes and half what the old one took.
 import argparse
 import hashlib
 import http.client
+import json
 import os
 import re
 import shutil
@@ -118,7 +119,10 @@ class Server:
         conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=HANG_GUARD_S)
         try:
             conn.request("GET", "/health")
-            return conn.getresponse().status
+            r = conn.getresponse()
+            body = json.loads(r.read())
+            self.last_http_health = body["status"]
+            return r.status
         finally:
             conn.close()
 
@@ -292,6 +296,7 @@ class StateDirTest(OpsTestCase):
         poll("health NOT_SERVING", lambda: client.health("echokv.v1.EchoKV") == "NOT_SERVING")
         self.assertEqual(server.metric("echokv_state_dir_writable"), 0)
         self.assertEqual(server.http_health(), 503)
+        self.assertEqual(server.last_http_health, "state_unwritable")
         self.assertEqual(client.health(""), "SERVING")  # the process is up; the engine is what is not
 
         subprocess.run(["umount", state], check=True)
