@@ -121,7 +121,7 @@ ABSL_FLAG(int, default_lookahead, 8, "Default lookahead T (even)");
 ABSL_FLAG(int, default_workspace, 0, "Default workspace B1; 0 = the policy's default");
 ABSL_FLAG(int, default_window, 0, "Default EchoKV stage-2 window w");
 ABSL_FLAG(int64_t, max_context_tokens, 0, "Most tokens a session may hold; 0 = the model's context");
-ABSL_FLAG(int, max_new_tokens, 1024, "Largest max_tokens of a Generate");
+ABSL_FLAG(int, max_new_tokens, echokv::server::kDefaultMaxNewTokens, "Largest max_tokens of a Generate");
 ABSL_FLAG(int, max_sessions, 256, "Live sessions at most");
 ABSL_FLAG(int64_t, max_kv_bytes, int64_t{8} << 30, "Hot (retained) KV bytes of all sessions together");
 ABSL_FLAG(int64_t, max_cold_bytes, int64_t{8} << 30,
