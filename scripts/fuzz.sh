@@ -19,7 +19,7 @@ seconds="${1:-20}"
 shift || true
 targets=("$@")
 if ((${#targets[@]} == 0)); then
-  targets=(fuzz_model_files fuzz_gguf fuzz_tokenizer fuzz_chat_template fuzz_edge fuzz_snapshot)
+  targets=(fuzz_model_files fuzz_gguf fuzz_tokenizer fuzz_chat_template fuzz_edge fuzz_http_head fuzz_snapshot)
 fi
 BUILD=build-fuzz
 if [[ -z "${ECHOKV_TEST_DATA:-}" && -d ../shared/models ]]; then

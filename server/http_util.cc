@@ -177,59 +177,7 @@ std::string Serialize(const HttpEarlyReply& r) {
   return out;
 }
 
-// Where the head ends in `s` from `from` (just past the blank line), or npos.
-size_t HeadEnd(absl::string_view s, size_t from) {
-  for (size_t i = from; i < s.size(); ++i) {
-    if (s[i] != '\n') continue;
-    if (i >= 1 && s[i - 1] == '\n') return i + 1;
-    if (i >= 2 && s[i - 1] == '\r' && s[i - 2] == '\n') return i + 1;
-  }
-  return absl::string_view::npos;
-}
-
-// Parses a head (request line + headers); false when malformed.
-bool ParseHead(absl::string_view head, HttpRequestHead* out) {
-  std::vector<absl::string_view> lines = absl::StrSplit(head, '\n');
-  bool first = true;
-  for (absl::string_view line : lines) {
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (first) {
-      first = false;
-      std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
-      if (parts.size() != 3 || parts[0].empty() || parts[1].empty() || !absl::StartsWith(parts[2], "HTTP/")) {
-        return false;
-      }
-      out->method = std::string(parts[0]);
-      absl::string_view target = parts[1];
-      target = target.substr(0, target.find('?'));
-      out->path = std::string(target);
-      continue;
-    }
-    if (line.empty()) break;
-    const size_t colon = line.find(':');
-    if (colon == absl::string_view::npos || colon == 0) return false;
-    std::string name = absl::AsciiStrToLower(line.substr(0, colon));
-    std::string value(absl::StripAsciiWhitespace(line.substr(colon + 1)));
-    if (name == "content-length") {
-      int64_t n = -1;
-      if (!absl::SimpleAtoi(value, &n) || n < 0) return false;
-      out->content_length = n;
-    } else if (name == "transfer-encoding") {
-      out->chunked = absl::StrContains(absl::AsciiStrToLower(value), "chunked");
-    }
-    out->headers.emplace_back(std::move(name), std::move(value));
-  }
-  return !first;
-}
-
 }  // namespace
-
-std::string HttpRequestHead::Header(absl::string_view lower_name) const {
-  for (const auto& [k, v] : headers) {
-    if (k == lower_name) return v;
-  }
-  return "";
-}
 
 absl::Status HttpOptions::Validate() const {
   if (max_threads < 1) return absl::InvalidArgumentError("threads must be >= 1");
@@ -523,7 +471,7 @@ class HttpListener::Impl {
     }
     const absl::string_view data(c->buf.data() + c->pos, c->available());
     const size_t from = c->scanned >= 2 ? c->scanned - 2 : 0;
-    const size_t end = HeadEnd(data, from);
+    const size_t end = HttpHeadEnd(data, from);
     if (end == absl::string_view::npos) {
       c->scanned = data.size();
       if (data.size() > static_cast<size_t>(options_.max_header_bytes)) {
@@ -541,8 +489,8 @@ class HttpListener::Impl {
     }
     HttpRequestHead head;
     head.peer = c->peer;
-    if (!ParseHead(data.substr(0, end), &head)) {
-      Refuse(c, HttpEarlyReply{400, "text/plain", "malformed request line or headers\n", {}});
+    if (absl::Status parsed = ParseHttpHead(data.substr(0, end), &head); !parsed.ok()) {
+      Refuse(c, HttpEarlyReply{400, "text/plain", absl::StrCat(parsed.message(), "\n"), {}});
       return false;
     }
     if (options_.gate) {

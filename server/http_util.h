@@ -44,24 +44,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/http_head.h"
 
 namespace httplib {
 class Server;
 }  // namespace httplib
 
 namespace echokv::server {
-
-// A request's line and headers as the front read them, before any body byte.
-struct HttpRequestHead {
-  std::string method;              // "POST"
-  std::string path;                // the target without its query ("/v1/completions")
-  std::string peer;                // the client's address ("127.0.0.1", "::1")
-  int64_t content_length = -1;     // -1: no Content-Length header
-  bool chunked = false;            // Transfer-Encoding: chunked
-  std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased
-  // The first header named `lower_name` ("" if none).
-  std::string Header(absl::string_view lower_name) const;
-};
 
 // An answer the front writes itself (then closes the connection).
 struct HttpEarlyReply {

@@ -384,18 +384,44 @@ def gguf(models_dir):
          ("k.i64", 11, -2**62), ("k.f64", 12, 0.25), ("k.arr", 9, (9, [(4, [1, 2]), (8, ["a"])]))], []))
 
 
+def http_heads():
+    """Request heads as real clients send them (curl, the OpenAI Python client, a
+    Prometheus scrape) and the smuggling shapes the parse refuses; the selector byte is
+    the read boundary."""
+    heads = {
+        "curl_completion": b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: curl/7.88.1\r\n"
+                           b"Accept: */*\r\nAuthorization: Bearer t0k\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: 52\r\n\r\n{\"model\": \"echokv\", \"prompt\": \"Once\", \"max_tokens\": 4}",
+        "openai_chat_stream": b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nAccept-Encoding: gzip, deflate\r\n"
+                              b"Connection: keep-alive\r\nAccept: text/event-stream\r\nContent-Type: application/json\r\n"
+                              b"X-Stainless-Lang: python\r\nContent-Length: 2\r\n\r\n{}",
+        "scrape": b"GET /metrics?x=1 HTTP/1.1\r\nHost: pod:9090\r\nUser-Agent: Prometheus/2.42.0\r\n"
+                  b"Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n\r\n",
+        "bare_lf": b"GET /health HTTP/1.0\nHost: a\n\n",
+        "chunked": b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        "cl_twice_equal": b"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+        "cl_conflict": b"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 0\r\n\r\nhello",
+        "cl_and_te": b"POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+        "space_before_colon": b"POST / HTTP/1.1\r\nContent-Length : 5\r\n\r\n",
+        "folded": b"GET / HTTP/1.1\r\nX-A: 1\r\n 2\r\n\r\n",
+    }
+    for i, (name, head) in enumerate(sorted(heads.items())):
+        write("fuzz_http_head", name, bytes([(17 * i + 5) % 256]) + head)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--data", default=os.path.join(ROOT, "..", "shared"))
     p.add_argument("--models", default=os.environ.get("ECHOKV_MODELS", os.path.join(ROOT, ".cache", "models")))
     a = p.parse_args()
-    for t in ("fuzz_model_files", "fuzz_gguf", "fuzz_tokenizer", "fuzz_chat_template", "fuzz_edge"):
+    for t in ("fuzz_model_files", "fuzz_gguf", "fuzz_tokenizer", "fuzz_chat_template", "fuzz_edge", "fuzz_http_head"):
         shutil.rmtree(os.path.join(HERE, "corpus", t), ignore_errors=True)
     model_files(a.data)
     gguf(a.models)
     tokenizer(a.data)
     chat(a.data)
     edge()
+    http_heads()
 
 
 if __name__ == "__main__":

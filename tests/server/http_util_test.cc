@@ -187,6 +187,33 @@ TEST(HttpListener, GateAnswersBeforeTheBody) {
   EXPECT_EQ((*l)->stats().gated, 2);
 }
 
+// A head the front and httplib could read differently never reaches httplib: two
+// Content-Length values (the old front took the last: 5 passed the 1000-byte limit while
+// httplib read the first, 900000) are 400 before any body byte, with the rule named.
+TEST(HttpListener, AmbiguousHeadsAreRefusedBeforeTheBody) {
+  HttpOptions o;
+  o.max_body_bytes = 1000;
+  absl::StatusOr<std::unique_ptr<HttpListener>> l =
+      HttpListener::Start("127.0.0.1", 0, o, [](httplib::Server& s) {
+        s.Post("/p", [](const httplib::Request& req, httplib::Response& res) {
+          res.set_content(std::to_string(req.body.size()), "text/plain");
+        });
+      });
+  ASSERT_THAT(l, IsOk());
+  for (const std::string& extra : {std::string("Content-Length: 900000\r\nContent-Length: 5\r\n"),
+                                   std::string("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n"),
+                                   std::string("Content-Length : 5\r\n")}) {
+    const int fd = IdleConnection((*l)->port());
+    const std::string head = "POST /p HTTP/1.1\r\nHost: x\r\n" + extra + "\r\n";
+    EXPECT_EQ(send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+    const std::string reply = ReadToClose(fd);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+    EXPECT_NE(reply.find("malformed request head"), std::string::npos) << reply;
+    close(fd);
+  }
+  EXPECT_EQ((*l)->stats().gated, 3);
+}
+
 // At the per-peer cap the oldest connection still waiting for its head gives way, so
 // a client that sends its request at once always gets in; at the total cap likewise.
 TEST(HttpListener, ConnectionCapsEvictTheOldestWaitingPeer) {
