@@ -186,6 +186,7 @@ absl::Status HttpOptions::Validate() const {
   if (max_connections < 1) return absl::InvalidArgumentError("max_connections must be >= 1");
   if (max_connections_per_peer < 1) return absl::InvalidArgumentError("max_connections_per_peer must be >= 1");
   if (read_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("read_timeout must be > 0");
+  if (body_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("body_timeout must be > 0");
   if (write_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("write_timeout must be > 0");
   if (keep_alive_timeout < absl::Seconds(1)) {
     return absl::InvalidArgumentError("keep_alive_timeout must be >= 1s");
@@ -228,13 +229,13 @@ class HttpListener::Impl {
   };
 
   // httplib::Stream over a Conn whose head is already buffered: reads serve the
-  // buffer first, then the socket with read_timeout per read; writes wait up to
-  // write_timeout for room.
+  // buffer first, then the socket with read_timeout per read and `read_deadline` for
+  // all of them (the body's total); writes wait up to write_timeout for room.
   class ConnStream : public httplib::Stream {
    public:
-    ConnStream(Conn* c, absl::Duration read_timeout, absl::Duration write_timeout)
-        : c_(c), read_ms_(PollMs(read_timeout)), write_ms_(PollMs(write_timeout)) {}
-    bool is_readable() const override { return c_->available() > 0 || Wait(POLLIN, read_ms_); }
+    ConnStream(Conn* c, absl::Duration read_timeout, absl::Time read_deadline, absl::Duration write_timeout)
+        : c_(c), read_ms_(PollMs(read_timeout)), read_deadline_(read_deadline), write_ms_(PollMs(write_timeout)) {}
+    bool is_readable() const override { return c_->available() > 0 || WaitReadable(); }
     bool is_writable() const override {
       if (!Wait(POLLOUT, write_ms_)) return false;
       // A peer that closed (EOF or reset) is gone even though a write would not fail yet.
@@ -245,7 +246,7 @@ class HttpListener::Impl {
     ssize_t read(char* ptr, size_t size) override {
       if (c_->available() == 0) {
         c_->Compact();
-        if (!Wait(POLLIN, read_ms_)) return -1;
+        if (!WaitReadable()) return -1;
         char chunk[kReadChunk];
         ssize_t n;
         do {
@@ -283,6 +284,13 @@ class HttpListener::Impl {
     socket_t socket() const override { return c_->fd; }
 
    private:
+    // Waits for the next read: up to read_timeout, cut to what is left of the deadline;
+    // false past the deadline even when bytes are there (a steady trickle ends too).
+    bool WaitReadable() const {
+      const absl::Duration left = read_deadline_ - absl::Now();
+      if (left <= absl::ZeroDuration()) return false;
+      return Wait(POLLIN, std::min(read_ms_, std::max(1, PollMs(left))));
+    }
     bool Wait(short events, int ms) const {
       pollfd p{c_->fd, events, 0};
       int r;
@@ -292,7 +300,9 @@ class HttpListener::Impl {
       return r > 0 && (p.revents & (events | POLLHUP | POLLERR)) != 0 && !((p.revents & POLLNVAL) != 0);
     }
     Conn* c_;
-    int read_ms_, write_ms_;
+    int read_ms_;
+    absl::Time read_deadline_;
+    int write_ms_;
   };
 
   Impl(std::unique_ptr<Server> server, int port, const HttpOptions& options)
@@ -514,7 +524,7 @@ class HttpListener::Impl {
 
   // One request on a worker; the connection then returns to the poll thread.
   void Serve(std::unique_ptr<Conn> c) {
-    ConnStream stream(c.get(), options_.read_timeout, options_.write_timeout);
+    ConnStream stream(c.get(), options_.read_timeout, absl::Now() + options_.body_timeout, options_.write_timeout);
     bool closed = false;
     const bool ok = server_->Process(stream, /*close_connection=*/stopped_.load(), closed);
     if (!ok || closed || stopped_.load()) {

@@ -15,6 +15,7 @@
 //     it at once (authentication: 401 without reading a 17 MiB body); a declared body
 //     over `max_body_bytes` gets 413 there too; a refused connection is closed after
 //     a short linger that discards what the client still sends (so it sees the answer);
+//     the body then has one total deadline of its own (`body_timeout`);
 //   - connections are capped per peer address and in total; at a cap the oldest
 //     connection of that peer (then of anyone) still waiting for its head is dropped
 //     for the new one, else the new one is closed, so a trickling peer can never shut
@@ -75,6 +76,10 @@ struct HttpOptions {
   int max_connections_per_peer = 256;
   // Reading a body may stall this long between packets (heads: header_timeout).
   absl::Duration read_timeout = absl::Seconds(10);
+  // A request's body must arrive whole within this of its head (one total, like the
+  // head's; then the request fails and the connection is closed). Only callers the
+  // gate let through reach their body.
+  absl::Duration body_timeout = absl::Seconds(120);
   // A write may wait this long for the peer to take data (a stalled streaming reader
   // is dropped after it).
   absl::Duration write_timeout = absl::Seconds(10);

@@ -74,6 +74,8 @@ ABSL_FLAG(int, http_threads, 128,
           "Most HTTP API connections served at once (each request or stream holds one; workers start on "
           "demand, idle ones end)");
 ABSL_FLAG(absl::Duration, http_read_timeout, absl::Seconds(30), "HTTP API: longest stall while reading a request");
+ABSL_FLAG(absl::Duration, http_body_timeout, absl::Seconds(120),
+          "HTTP API: a request body must arrive whole within this of its headers (one total)");
 ABSL_FLAG(absl::Duration, http_write_timeout, absl::Seconds(60),
           "HTTP API: longest a client may leave a response unread before it is dropped (and its generation "
           "cancelled)");
@@ -274,6 +276,7 @@ int Run() {
   HttpOptions metrics_http;
   metrics_http.max_threads = absl::GetFlag(FLAGS_metrics_threads);
   metrics_http.read_timeout = absl::Seconds(5);
+  metrics_http.body_timeout = absl::Seconds(5);
   metrics_http.write_timeout = absl::Seconds(10);
   metrics_http.keep_alive_timeout = absl::Seconds(2);
   metrics_http.header_timeout = absl::Seconds(5);
@@ -353,6 +356,7 @@ int Run() {
     hc.model_name = absl::GetFlag(FLAGS_served_model_name);
     hc.http.max_threads = absl::GetFlag(FLAGS_http_threads);
     hc.http.read_timeout = absl::GetFlag(FLAGS_http_read_timeout);
+    hc.http.body_timeout = absl::GetFlag(FLAGS_http_body_timeout);
     hc.http.write_timeout = absl::GetFlag(FLAGS_http_write_timeout);
     hc.http.keep_alive_timeout = absl::GetFlag(FLAGS_http_keep_alive_timeout);
     hc.http.header_timeout = absl::GetFlag(FLAGS_http_header_timeout);

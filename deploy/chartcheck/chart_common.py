@@ -34,7 +34,7 @@ INT_FLAGS = {
 DURATION_FLAGS = {"session_ttl", "max_session_ttl", "shutdown_grace", "tls_refresh_interval",
                   "max_connection_idle", "max_connection_age", "max_connection_age_grace",
                   "http_read_timeout", "http_write_timeout", "http_keep_alive_timeout", "stuck_after",
-                  "http_header_timeout"}
+                  "http_header_timeout", "http_body_timeout"}
 ENUM_FLAGS = {
     "device": r"cpu|cuda(:[0-9]+)?",
     "dtype": r"float32|bfloat16|float16",

@@ -12,6 +12,7 @@
 
 #include <poll.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -149,6 +150,46 @@ TEST(HttpListener, TricklingHeadIsClosedAtTheHeaderDeadline) {
   EXPECT_TRUE(Hello(l->port()));
 }
 
+// A body has one total deadline too: a byte every 100 ms (each read well within the
+// 2 s read_timeout) no longer holds a worker for as long as the client likes.
+TEST(HttpListener, TricklingBodyIsCutAtTheBodyDeadline) {
+  HttpOptions o;
+  o.read_timeout = absl::Seconds(2);
+  o.body_timeout = absl::Seconds(1);
+  std::atomic<int> handled{0};
+  absl::StatusOr<std::unique_ptr<HttpListener>> l =
+      HttpListener::Start("127.0.0.1", 0, o, [&](httplib::Server& s) {
+        s.Post("/p", [&](const httplib::Request& req, httplib::Response& res) {
+          ++handled;
+          res.set_content(std::to_string(req.body.size()), "text/plain");
+        });
+      });
+  ASSERT_THAT(l, IsOk());
+  const int fd = IdleConnection((*l)->port());
+  const std::string head = "POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n";
+  ASSERT_EQ(send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  const absl::Time start = absl::Now();
+  bool open = true;
+  int sent = 0;
+  while (open && sent < 1000 && absl::Now() - start < absl::Seconds(30)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    open = send(fd, "x", 1, MSG_NOSIGNAL) == 1;
+    sent += open ? 1 : 0;
+    pollfd p{fd, POLLIN, 0};
+    if (open && poll(&p, 1, 0) > 0) open = false;  // an answer or the close
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_LT(sent, 100);
+  close(fd);
+  EXPECT_EQ(handled.load(), 0);
+  // A body sent at once is well within the deadline.
+  httplib::Client client("127.0.0.1", (*l)->port());
+  client.set_read_timeout(60);
+  httplib::Result r = client.Post("/p", std::string(1000, 'a'), "text/plain");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->body, "1000");
+}
+
 // The gate sees the head before the body: its answer comes with no body byte sent.
 TEST(HttpListener, GateAnswersBeforeTheBody) {
   HttpOptions o;
@@ -275,6 +316,9 @@ TEST(HttpListener, OptionsAreValidated) {
   o = HttpOptions{};
   o.read_timeout = absl::ZeroDuration();
   EXPECT_THAT(start(o), StatusIs(absl::StatusCode::kInvalidArgument, "read_timeout"));
+  o = HttpOptions{};
+  o.body_timeout = absl::ZeroDuration();
+  EXPECT_THAT(start(o), StatusIs(absl::StatusCode::kInvalidArgument, "body_timeout"));
   o = HttpOptions{};
   o.header_timeout = absl::ZeroDuration();
   EXPECT_THAT(start(o), StatusIs(absl::StatusCode::kInvalidArgument, "header_timeout"));
