@@ -10,6 +10,18 @@
 #include "kernels/score.h"
 
 namespace echokv::compression::internal {
+namespace {
+
+// The retained mass of every layer whose selection was scored (probes[l] defined).
+void RecordLayersMass(const std::vector<at::Tensor>& probes, CompressionResult* result) {
+  for (size_t l = 0; l < probes.size(); ++l) {
+    if (!probes[l].defined()) continue;
+    RecordRetainedMass(probes[l], result->indices[l], static_cast<int>(l), static_cast<int>(probes.size()),
+                       &result->report);
+  }
+}
+
+}  // namespace
 
 absl::Status RunFull(const CompressionConfig& config, const CompressionInput& input,
                      CompressionResult* result) {
@@ -67,6 +79,7 @@ absl::Status RunH2o(const CompressionConfig& config, const CompressionInput& inp
       const at::Tensor scores = input.h2o_scores[l].to(at::kCPU, at::kFloat);
       if (input.record_scores) result->final_scores[l] = scores.narrow(1, 0, n - recent).clone();
       result->indices.push_back(TopKPrefixPlusTail(scores, n - recent, heavy, n));
+      RecordRetainedMass(scores, result->indices.back(), l, ctx.num_layers(), &result->report);
       scored = true;
       continue;
     }
@@ -83,6 +96,7 @@ absl::Status RunH2o(const CompressionConfig& config, const CompressionInput& inp
       result->final_scores[l] = group_scores.narrow(1, 0, n - recent).to(at::kCPU, at::kFloat).clone();
     }
     result->indices.push_back(TopKPrefixPlusTail(group_scores, n - recent, heavy, n));
+    RecordRetainedMass(group_scores, result->indices.back(), l, ctx.num_layers(), &result->report);
     scored = true;
   }
   result->report.scoring_passes = scored ? 1 : 0;
@@ -96,10 +110,12 @@ absl::Status RunSnapKv(const CompressionConfig& config, const CompressionInput& 
   PhaseClock clock(input, &result->report);
   const model::KvCache& ctx = *input.context;
   bool scored = false;
+  std::vector<at::Tensor> probes;
   ECHOKV_ASSIGN_OR_RETURN(
       result->indices,
       SnapKvSelectLayers(config, input, std::vector<int64_t>(ctx.num_layers(), config.budget), &scored,
-                         input.record_scores ? &result->final_scores : nullptr));
+                         input.record_scores ? &result->final_scores : nullptr, &probes));
+  RecordLayersMass(probes, result);
   result->report.scoring_passes = scored ? 1 : 0;
   clock.End("select");
   return absl::OkStatus();
@@ -113,8 +129,11 @@ absl::Status RunPyramidKv(const CompressionConfig& config, const CompressionInpu
   const std::vector<int64_t> budgets =
       PyramidKvBudgets(config.budget, config.snapkv_window, ctx.num_layers());
   bool scored = false;
-  ECHOKV_ASSIGN_OR_RETURN(result->indices, SnapKvSelectLayers(config, input, budgets, &scored,
-                                                              input.record_scores ? &result->final_scores : nullptr));
+  std::vector<at::Tensor> probes;
+  ECHOKV_ASSIGN_OR_RETURN(result->indices,
+                          SnapKvSelectLayers(config, input, budgets, &scored,
+                                             input.record_scores ? &result->final_scores : nullptr, &probes));
+  RecordLayersMass(probes, result);
   result->report.scoring_passes = scored ? 1 : 0;
   clock.End("select");
   return absl::OkStatus();

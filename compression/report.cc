@@ -25,6 +25,25 @@ double CompressionReport::TotalSeconds(bool include_prefill) const {
   return total;
 }
 
+double CompressionReport::RetainedMassMean() const {
+  double sum = 0;
+  int64_t count = 0;
+  for (double m : retained_mass) {
+    if (m < 0) continue;
+    sum += m;
+    ++count;
+  }
+  return count > 0 ? sum / static_cast<double>(count) : -1;
+}
+
+double CompressionReport::RetainedMassMin() const {
+  double best = -1;
+  for (double m : retained_mass) {
+    if (m >= 0 && (best < 0 || m < best)) best = m;
+  }
+  return best;
+}
+
 std::string ReportToJson(const CompressionReport& report) {
   // ordered_json keeps the fields (and the phases) in the order written here.
   nlohmann::ordered_json j;
@@ -60,6 +79,9 @@ std::string ReportToJson(const CompressionReport& report) {
   j["overlap_w1_final"] = report.overlap_w1_final;
   j["overlap_w2_final"] = report.overlap_w2_final;
   j["lookahead_tokens"] = report.lookahead_tokens;
+  j["retained_mass"] = report.retained_mass;
+  j["retained_mass_mean"] = report.RetainedMassMean();
+  j["retained_mass_min"] = report.RetainedMassMin();
   return j.dump();
 }
 
@@ -98,6 +120,13 @@ absl::StatusOr<CompressionReport> ReportFromJson(absl::string_view json) {
     r.overlap_w1_final = j.at("overlap_w1_final").get<double>();
     r.overlap_w2_final = j.at("overlap_w2_final").get<double>();
     r.lookahead_tokens = j.at("lookahead_tokens").get<std::vector<int>>();
+    // Absent from reports saved before the fidelity signal (their sessions load as
+    // "not measured").
+    if (j.contains("retained_mass")) r.retained_mass = j.at("retained_mass").get<std::vector<double>>();
+    if (!r.retained_mass.empty() &&
+        r.retained_mass.size() != static_cast<size_t>(r.num_layers) * static_cast<size_t>(r.num_kv_heads)) {
+      return absl::InvalidArgumentError("report: retained_mass must hold num_layers x num_kv_heads values");
+    }
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("report: ", e.what()));
   }

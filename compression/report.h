@@ -42,6 +42,16 @@ struct CompressionReport {
   double overlap_w1_final = -1;      // bootstrap workspace vs final set
   double overlap_w2_final = -1;      // repaired workspace vs final set (echokv)
   std::vector<int> lookahead_tokens; // x_1..x_T greedy lookahead ids (discarded after)
+  // The fidelity signal: retained_mass[l * num_kv_heads + g] = the share of attention
+  // mass that the policy's probe queries (the ones it ranks by: EchoKV's lookahead
+  // queries Q1;Q2, LAQ's lookahead + last 8 context queries, SnapKV's and PyramidKV's
+  // observation window, H2O's context queries) put on the entries layer l / group g
+  // kept, summed over the group's heads and queries: sum_{i kept} s_i / sum_i s_i with
+  // s = the unpooled Eq. 3 scores. 1 for a layer that kept everything; -1 where nothing
+  // scored it (StreamingLLM, a window-only budget). Empty for reports saved before it.
+  std::vector<double> retained_mass;
+  double RetainedMassMean() const;   // over the measured entries; -1 when none
+  double RetainedMassMin() const;    // likewise
 
   double SecondsOf(const std::string& phase) const;  // 0 when absent
   double TotalSeconds(bool include_prefill) const;

@@ -66,7 +66,7 @@ at::Tensor FutureHeadScores(const model::KvCache& context, int layer, const at::
 absl::StatusOr<at::Tensor> SnapKvSelect(const model::KvCache& context, int layer,
                                         const WindowQueries& window_queries, int64_t window,
                                         int64_t kernel, int64_t capacity, bool* scored,
-                                        at::Tensor* scores_out) {
+                                        at::Tensor* scores_out, at::Tensor* probe_out) {
   const int64_t groups = context.num_kv_heads();
   const int64_t n = context.size(layer);
   if (n <= capacity) return KeepAll(groups, n);  // §8.3: L <= capacity keeps all
@@ -81,6 +81,7 @@ absl::StatusOr<at::Tensor> SnapKvSelect(const model::KvCache& context, int layer
         "last snapkv_window queries of the prefill (PrefillNeeds::last_queries)"));
   }
   at::Tensor head_scores = CausalHeadScores(context, layer, window_queries);  // [H, n]
+  if (probe_out != nullptr) *probe_out = kernels::SumHeadsPerGroup(head_scores, groups);
   at::Tensor group_scores = PooledPrefixGroupScores(head_scores, prefix, kernel, groups);
   if (scored != nullptr) *scored = true;
   if (scores_out != nullptr) *scores_out = group_scores.to(at::kCPU, at::kFloat);
@@ -91,17 +92,36 @@ absl::StatusOr<std::vector<at::Tensor>> SnapKvSelectLayers(const CompressionConf
                                                            const CompressionInput& input,
                                                            const std::vector<int64_t>& capacities,
                                                            bool* scored,
-                                                           std::vector<at::Tensor>* scores_out) {
+                                                           std::vector<at::Tensor>* scores_out,
+                                                           std::vector<at::Tensor>* probe_out) {
   std::vector<at::Tensor> kept;
   if (scores_out != nullptr) scores_out->assign(input.context->num_layers(), at::Tensor());
+  if (probe_out != nullptr) probe_out->assign(input.context->num_layers(), at::Tensor());
   for (int l = 0; l < input.context->num_layers(); ++l) {
     ECHOKV_ASSIGN_OR_RETURN(
         at::Tensor idx, SnapKvSelect(*input.context, l, LastQueries(input, l, config.snapkv_window),
                                      config.snapkv_window, config.snapkv_kernel, capacities[l], scored,
-                                     scores_out != nullptr ? &(*scores_out)[l] : nullptr));
+                                     scores_out != nullptr ? &(*scores_out)[l] : nullptr,
+                                     probe_out != nullptr ? &(*probe_out)[l] : nullptr));
     kept.push_back(std::move(idx));
   }
   return kept;
+}
+
+void RecordRetainedMass(const at::Tensor& group_scores, const at::Tensor& kept, int layer, int num_layers,
+                        CompressionReport* report) {
+  const int64_t groups = kept.size(0);
+  const size_t size = static_cast<size_t>(num_layers) * static_cast<size_t>(groups);
+  if (report->retained_mass.size() != size) report->retained_mass.assign(size, -1.0);
+  // Sums in float64: n can be 8K+ entries of small shares.
+  const at::Tensor s = group_scores.detach().to(at::kCPU, at::kDouble);
+  const at::Tensor total = s.sum(1);                                       // [G]
+  const at::Tensor held = s.gather(1, kept.to(at::kCPU, at::kLong)).sum(1);  // [G]
+  const double* t = total.data_ptr<double>();
+  const double* h = held.data_ptr<double>();
+  for (int64_t g = 0; g < groups; ++g) {
+    if (t[g] > 0) report->retained_mass[static_cast<size_t>(layer) * groups + g] = std::min(1.0, h[g] / t[g]);
+  }
 }
 
 std::vector<int64_t> PyramidKvBudgets(int64_t budget, int64_t window, int num_layers) {

@@ -65,10 +65,12 @@ at::Tensor FutureHeadScores(const model::KvCache& context, int layer, const at::
 // than `window` are available (grown sessions) the available ones are used. Sets
 // *scored when Eq. 3 ran. Returns [G, min(capacity, n)] int64 CPU ascending.
 // `scores_out` (may be null) receives the pooled group scores [G, prefix] it ranked.
+// `probe_out` (may be null) receives the unpooled group scores [G, n] of the window
+// queries over every entry (RecordRetainedMass), left alone when nothing was scored.
 absl::StatusOr<at::Tensor> SnapKvSelect(const model::KvCache& context, int layer,
                                         const WindowQueries& window_queries, int64_t window,
                                         int64_t kernel, int64_t capacity, bool* scored,
-                                        at::Tensor* scores_out = nullptr);
+                                        at::Tensor* scores_out = nullptr, at::Tensor* probe_out = nullptr);
 
 // SnapKvSelect for every layer of input.context, layer l with capacity capacities[l],
 // scored by the last config.snapkv_window context queries. Sets *scored when Eq. 3 ran.
@@ -77,7 +79,16 @@ absl::StatusOr<std::vector<at::Tensor>> SnapKvSelectLayers(const CompressionConf
                                                            const CompressionInput& input,
                                                            const std::vector<int64_t>& capacities,
                                                            bool* scored,
-                                                           std::vector<at::Tensor>* scores_out = nullptr);
+                                                           std::vector<at::Tensor>* scores_out = nullptr,
+                                                           std::vector<at::Tensor>* probe_out = nullptr);
+
+// The fidelity signal (CompressionReport::retained_mass): for layer `layer`, each
+// group's share sum_{i in kept_g} s[g, i] / sum_i s[g, i] of the probe scores
+// `group_scores` [G, n] (unpooled, every entry of the layer; any device) over the
+// selection `kept` [G, k] int64. Sizes report->retained_mass to layers x G (-1) first.
+// A group whose scores sum to 0 stays -1.
+void RecordRetainedMass(const at::Tensor& group_scores, const at::Tensor& kept, int layer, int num_layers,
+                        CompressionReport* report);
 
 // PyramidKV per-layer budgets (window included) of docs/ALGORITHM.md §8.4: with
 // w = min(window, budget), C = budget - w, B_min = floor(C/20), B_max = 2C - B_min,

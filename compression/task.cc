@@ -320,6 +320,14 @@ class CompressionTask::Impl {
       report.retained_entries += groups_ * idx.size(1);
       report.total_entries += groups_ * ctx.size(l);
     }
+    // A layer that kept every entry holds all of any probe's mass.
+    if (report.retained_mass.size() != static_cast<size_t>(layers_) * groups_) {
+      report.retained_mass.assign(static_cast<size_t>(layers_) * groups_, -1.0);
+    }
+    for (int l = 0; l < layers_; ++l) {
+      if (result_.indices[l].size(1) != ctx.size(l)) continue;
+      for (int g = 0; g < groups_; ++g) report.retained_mass[static_cast<size_t>(l) * groups_ + g] = 1.0;
+    }
     report.retained_kv_bytes = report.retained_entries * entry_bytes;
     report.full_kv_bytes = report.total_entries * entry_bytes;
     report.evicted = report.retained_entries < report.total_entries;
@@ -373,6 +381,7 @@ class CompressionTask::Impl {
           at::Tensor pooled = internal::PooledPrefixGroupScores(head, prefix, config_.snapkv_kernel, groups_);
           if (input_.record_scores) result_.final_scores[l] = pooled.to(at::kCPU, at::kFloat);
           kept = internal::TopKPrefixPlusTail(pooled, prefix, k, n);
+          internal::RecordRetainedMass(kernels::SumHeadsPerGroup(head, groups_), kept, l, layers_, &result_.report);
           final_scored = true;
         }
       }
@@ -458,6 +467,7 @@ class CompressionTask::Impl {
         at::Tensor group = kernels::SumHeadsPerGroup(internal::FutureHeadScores(ctx, l, q), groups_);
         if (input_.record_scores) result_.final_scores[l] = group.narrow(1, 0, n - w).to(at::kCPU, at::kFloat);
         kept = internal::TopKPrefixPlusTail(group, n - w, budget - w, n);
+        internal::RecordRetainedMass(group, kept, l, layers_, &result_.report);
       }
       o12 += internal::OverlapSum(w1_[l], w2_[l], &c12);
       o1f += internal::OverlapSum(w1_[l], kept, &c1f);

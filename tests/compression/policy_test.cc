@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
@@ -854,6 +855,150 @@ TEST(GrownSession, PerGroupPositionsAndPerLayerSizes) {
 }
 
 // ---- errors and callbacks -----------------------------------------------------------
+
+// ---- the fidelity signal: retained attention mass -------------------------------
+
+// Float64 reference of CompressionReport::retained_mass for one layer: each probe query
+// (its heads' vectors, at `position`, or -1 = after the context: every key visible) puts
+// softmax(q.k / sqrt(d)) on the keys it sees; a group sums its heads; the share on the
+// kept entries of every group.
+std::vector<double> ReferenceMass(const at::Tensor& keys /*[G, n, d]*/, const std::vector<at::Tensor>& queries,
+                                  const std::vector<int64_t>& positions, const at::Tensor& kept /*[G, k]*/) {
+  const at::Tensor kt = keys.to(at::kDouble).contiguous();
+  const auto k = kt.accessor<double, 3>();
+  const int64_t n = kt.size(1);
+  std::vector<std::vector<double>> s(kGroups, std::vector<double>(n, 0.0));
+  for (size_t qi = 0; qi < queries.size(); ++qi) {
+    const at::Tensor qt = queries[qi].to(at::kDouble).contiguous();  // [H, d]
+    const auto q = qt.accessor<double, 2>();
+    for (int h = 0; h < kHeads; ++h) {
+      const int g = h / (kHeads / kGroups);
+      std::vector<double> logit(n, -INFINITY);
+      double mx = -INFINITY;
+      for (int64_t i = 0; i < n; ++i) {
+        if (positions[qi] >= 0 && i > positions[qi]) continue;  // context keys sit at positions 0..n-1
+        double dot = 0;
+        for (int d = 0; d < kDim; ++d) dot += q[h][d] * k[g][i][d];
+        logit[i] = dot / std::sqrt(static_cast<double>(kDim));
+        mx = std::max(mx, logit[i]);
+      }
+      double z = 0;
+      for (int64_t i = 0; i < n; ++i) z += std::isinf(logit[i]) ? 0.0 : std::exp(logit[i] - mx);
+      for (int64_t i = 0; i < n; ++i) s[g][i] += std::isinf(logit[i]) ? 0.0 : std::exp(logit[i] - mx) / z;
+    }
+  }
+  std::vector<double> mass;
+  for (int g = 0; g < kGroups; ++g) {
+    double total = 0, held = 0;
+    for (int64_t i = 0; i < n; ++i) total += s[g][i];
+    for (int64_t i : Row(kept, g)) held += s[g][i];
+    mass.push_back(held / total);
+  }
+  return mass;
+}
+
+// The last `count` context queries of layer l as [H, d] slices with their positions.
+void ContextProbes(const Inputs& in, int l, int64_t count, std::vector<at::Tensor>* q, std::vector<int64_t>* pos) {
+  const int64_t n = in.last_queries[l].size(1);
+  for (int64_t i = std::max<int64_t>(0, n - count); i < n; ++i) {
+    q->push_back(in.last_queries[l].select(1, i));
+    pos->push_back(in.positions[i]);
+  }
+}
+
+TEST(RetainedMass, MatchesAFloat64ReferenceForEveryScoringPolicy) {
+  constexpr int kLayers = 2;
+  constexpr int64_t kN = 96;
+  const Inputs in = RandomInputs(kLayers, kN, /*seed=*/7);
+  for (PolicyKind kind : {PolicyKind::kSnapKv, PolicyKind::kPyramidKv, PolicyKind::kH2o, PolicyKind::kLaq,
+                          PolicyKind::kEchoKv}) {
+    SCOPED_TRACE(PolicyName(kind));
+    CompressionConfig cfg;
+    cfg.policy = kind;
+    cfg.budget = 30;  // PyramidKV: 55 and 5 entries in the two layers, both scored
+    cfg.lookahead = 4;
+    cfg.snapkv_window = 4;
+    cfg.stage2_window = 2;
+    auto dec = RandomDecoder(kLayers);
+    ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(dec.get())));
+    ASSERT_EQ(r.report.retained_mass.size(), static_cast<size_t>(kLayers * kGroups));
+    for (int l = 0; l < kLayers; ++l) {
+      SCOPED_TRACE("layer " + std::to_string(l));
+      std::vector<at::Tensor> q;
+      std::vector<int64_t> pos;
+      if (kind == PolicyKind::kSnapKv || kind == PolicyKind::kPyramidKv) ContextProbes(in, l, 4, &q, &pos);
+      if (kind == PolicyKind::kH2o) ContextProbes(in, l, kN, &q, &pos);
+      if (kind == PolicyKind::kLaq || kind == PolicyKind::kEchoKv) {
+        for (int t = 0; t < cfg.lookahead; ++t) {
+          q.push_back(dec->queries(t, l));
+          pos.push_back(-1);
+        }
+      }
+      if (kind == PolicyKind::kLaq) ContextProbes(in, l, 8, &q, &pos);  // LAQ's last 8 context queries
+      const std::vector<double> want = ReferenceMass(in.context.keys(l), q, pos, r.indices[l]);
+      for (int g = 0; g < kGroups; ++g) {
+        const double got = r.report.retained_mass[l * kGroups + g];
+        EXPECT_NEAR(got, want[g], 1e-5) << "group " << g;
+        EXPECT_GT(got, 0.0);
+        EXPECT_LT(got, 1.0);  // at most 55 of 96 entries kept: some mass is lost
+      }
+    }
+    EXPECT_NEAR(r.report.RetainedMassMean(),
+                std::accumulate(r.report.retained_mass.begin(), r.report.retained_mass.end(), 0.0) /
+                    (kLayers * kGroups),
+                1e-12);
+  }
+}
+
+TEST(RetainedMass, OneWhereEverythingIsKeptUnmeasuredWhereNothingScored) {
+  const Inputs in = RandomInputs(/*layers=*/2, /*n=*/32, /*seed=*/3);
+  auto run = [&](PolicyKind kind, int budget, int window) {
+    CompressionConfig cfg;
+    cfg.policy = kind;
+    cfg.budget = budget;
+    cfg.lookahead = 4;
+    cfg.snapkv_window = window;
+    auto dec = RandomDecoder(2);
+    absl::StatusOr<CompressionResult> r = Compress(cfg, in.Make(dec.get()));
+    EXPECT_THAT(r, IsOk());
+    return r.ok() ? r->report : CompressionReport{};
+  };
+  for (PolicyKind kind : AllPolicies()) {
+    SCOPED_TRACE(PolicyName(kind));
+    const CompressionReport all = run(kind, 64, 4);  // L = 32 <= B: nothing evicted
+    EXPECT_EQ(all.retained_mass, std::vector<double>(4, 1.0));
+    EXPECT_EQ(all.RetainedMassMean(), 1.0);
+  }
+  EXPECT_EQ(run(PolicyKind::kFull, 8, 4).retained_mass, std::vector<double>(4, 1.0));
+  const CompressionReport streaming = run(PolicyKind::kStreamingLlm, 8, 4);
+  EXPECT_EQ(streaming.retained_mass, std::vector<double>(4, -1.0));
+  EXPECT_EQ(streaming.RetainedMassMean(), -1.0);
+  EXPECT_EQ(streaming.RetainedMassMin(), -1.0);
+  // A budget no larger than SnapKV's window keeps the window by position, unscored.
+  EXPECT_EQ(run(PolicyKind::kSnapKv, 4, 4).retained_mass, std::vector<double>(4, -1.0));
+}
+
+TEST(RetainedMass, TravelsThroughTheReportJsonAndOldReportsLoadUnmeasured) {
+  const Inputs in = RandomInputs(/*layers=*/2, /*n=*/40, /*seed=*/5);
+  CompressionConfig cfg;
+  cfg.policy = PolicyKind::kSnapKv;
+  cfg.budget = 10;
+  cfg.snapkv_window = 4;
+  ASSERT_OK_AND_ASSIGN(CompressionResult r, Compress(cfg, in.Make(nullptr)));
+  const std::string json = ReportToJson(r.report);
+  ASSERT_OK_AND_ASSIGN(CompressionReport back, ReportFromJson(json));
+  EXPECT_EQ(back.retained_mass, r.report.retained_mass);
+  EXPECT_NE(json.find("\"retained_mass_mean\""), std::string::npos);
+  // A report saved before the field existed.
+  std::string old = json.substr(0, json.find(",\"retained_mass\"")) + "}";
+  ASSERT_OK_AND_ASSIGN(CompressionReport legacy, ReportFromJson(old));
+  EXPECT_TRUE(legacy.retained_mass.empty());
+  EXPECT_EQ(legacy.RetainedMassMean(), -1.0);
+  // A wrong length is refused, naming the field.
+  std::string bad = json;
+  bad.replace(bad.find("\"retained_mass\":["), 17, "\"retained_mass\":[0.5,");
+  EXPECT_THAT(ReportFromJson(bad), StatusIs(StatusCode::kInvalidArgument, "retained_mass"));
+}
 
 TEST(Errors, MissingInputsNameTheField) {
   const Inputs in = RandomInputs(1, 40, 12);
