@@ -365,6 +365,11 @@ class HttpListener::Impl {
 
   // Writes `reply` (best effort: it is small and the socket buffer empty) and lingers.
   void Refuse(Conn* c, const HttpEarlyReply& reply) {
+    {
+      // Counted before the answer goes out: a client that has read it sees the count.
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.gated;
+    }
     const std::string out = Serialize(reply);
     (void)send(c->fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     shutdown(c->fd, SHUT_WR);
@@ -372,8 +377,6 @@ class HttpListener::Impl {
     c->buf.clear();
     c->pos = 0;
     c->deadline = absl::Now() + kLinger;
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.gated;
   }
 
   void Front() {
@@ -568,9 +571,11 @@ class HttpListener::Impl {
       if (peer_count >= options_.max_connections_per_peer) admitted = Evict(held, &c->peer);
       if (admitted && total >= options_.max_connections) admitted = Evict(held, nullptr);
       if (!admitted) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++stats_.refused;  // before the close a client sees
+        }
         close(fd);
-        std::lock_guard<std::mutex> lock(mu_);
-        ++stats_.refused;
         continue;
       }
       {
@@ -590,9 +595,11 @@ class HttpListener::Impl {
       if (oldest == nullptr || c->seq < oldest->seq) oldest = c.get();
     }
     if (oldest == nullptr) return false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.evicted;  // before the close a client sees
+    }
     CloseCounted(oldest);
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.evicted;
     return true;
   }
 
