@@ -228,8 +228,6 @@ class OpenAiServer::Impl {
  private:
   void Reply(Call* call, httplib::Response& res, HttpError e) {
     if (call != nullptr) call->status = e.status;
-    // The conversation differs from the session's: the same request fails again.
-    if (e.code == "conversation_mismatch") e.no_retry = true;
     res.status = e.status;
     for (const auto& [name, value] : HttpErrorHeaders(e)) res.set_header(name, value);
     res.set_content(HttpErrorJson(e), kJson);
@@ -356,6 +354,7 @@ bool OpenAiServer::Impl::PrepareSession(Call* call, ApiKind kind, const SessionR
             sent.size(), ". Send the whole conversation (the session's messages, then the new ones)")));
         error->param = "messages";
         error->code = "conversation_mismatch";
+        error->no_retry = true;  // the same request fails again (x-should-retry: false)
         return false;
       }
       if (stored[i].role != sent[i].role || stored[i].content != sent[i].content) {
@@ -365,6 +364,7 @@ bool OpenAiServer::Impl::PrepareSession(Call* call, ApiKind kind, const SessionR
             "messages, or start a new session")));
         error->param = absl::StrCat("messages[", i, "]");
         error->code = "conversation_mismatch";
+        error->no_retry = true;  // the same request fails again (x-should-retry: false)
         return false;
       }
     }
