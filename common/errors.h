@@ -21,7 +21,9 @@
 namespace echokv {
 
 // One kind per absl::StatusCode (the default of a status without a payload) plus the
-// refinements the doors answer differently or that name a limit. Each kind has exactly
+// refinements the doors answer differently or that name a limit. (Not
+// state::ErrorKind, server/state/types.h: why saved state was refused, a metric
+// label; those statuses read here as the kind of their code, e.g. kDataLoss.) Each kind has exactly
 // one status code (StatusCodeOf). Append new kinds to kAllErrorKinds as well: the
 // doors' table tests run over it.
 enum class ErrorKind {
