@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/echo.h"
+#include "common/errors.h"
 
 namespace echokv::compression {
 namespace {
@@ -73,40 +74,40 @@ absl::StatusOr<Bootstrap> ParseBootstrap(absl::string_view name) {
 absl::Status CompressionConfig::Validate() const {
   // docs/ALGORITHM.md §5: reject, never clamp.
   if (budget < 1 || budget > kMaxEntries) {
-    return absl::InvalidArgumentError(
+    return MakeError(ErrorKind::kInvalidArgument, "budget",
         absl::StrCat("budget must be in [1, ", kMaxEntries, "], got ", budget));
   }
   if (lookahead < 2 || lookahead > 64) {
-    return absl::InvalidArgumentError(
+    return MakeError(ErrorKind::kInvalidArgument, "lookahead",
         absl::StrCat("lookahead must be in [2, 64], got ", lookahead));
   }
   if (lookahead % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("lookahead must be even, got ", lookahead));
+    return MakeError(ErrorKind::kInvalidArgument, "lookahead", absl::StrCat("lookahead must be even, got ", lookahead));
   }
   if (workspace.has_value()) {
     if (*workspace < budget) {
-      return absl::InvalidArgumentError(absl::StrCat("workspace (B1) must be >= budget (",
+      return MakeError(ErrorKind::kInvalidArgument, "workspace", absl::StrCat("workspace (B1) must be >= budget (",
                                                      budget, "), got ", *workspace));
     }
     if (*workspace > kMaxEntries) {
-      return absl::InvalidArgumentError(
+      return MakeError(ErrorKind::kInvalidArgument, "workspace",
           absl::StrCat("workspace (B1) must be <= ", kMaxEntries, ", got ", *workspace));
     }
   }
   if (stage2_window < 0 || stage2_window > budget - 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
+    return MakeError(ErrorKind::kInvalidArgument, "stage2_window", absl::StrCat(
         "stage2_window must be in [0, budget-1 = ", budget - 1, "], got ", stage2_window));
   }
   if (snapkv_window < 1 || snapkv_window > kMaxEntries) {
-    return absl::InvalidArgumentError(
+    return MakeError(ErrorKind::kInvalidArgument, "snapkv_window",
         absl::StrCat("snapkv_window must be in [1, ", kMaxEntries, "], got ", snapkv_window));
   }
   if (snapkv_kernel < 1 || snapkv_kernel > kMaxEntries) {
-    return absl::InvalidArgumentError(
+    return MakeError(ErrorKind::kInvalidArgument, "snapkv_kernel",
         absl::StrCat("snapkv_kernel must be in [1, ", kMaxEntries, "], got ", snapkv_kernel));
   }
   if (snapkv_kernel % 2 == 0) {
-    return absl::InvalidArgumentError(
+    return MakeError(ErrorKind::kInvalidArgument, "snapkv_kernel",
         absl::StrCat("snapkv_kernel must be odd, got ", snapkv_kernel));
   }
   return absl::OkStatus();

@@ -6,41 +6,42 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/errors.h"
 
 namespace echokv::model {
 
 absl::Status SamplingParams::Validate() const {
   if (!std::isfinite(temperature) || temperature < 0.0f) {
-    return absl::InvalidArgumentError(
+    return MakeError(ErrorKind::kInvalidArgument, "temperature",
         absl::StrCat("temperature must be finite and >= 0, got ", temperature));
   }
   if (!(top_p > 0.0f && top_p <= 1.0f)) {  // also rejects NaN
-    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", top_p));
+    return MakeError(ErrorKind::kInvalidArgument, "top_p", absl::StrCat("top_p must be in (0, 1], got ", top_p));
   }
   if (top_k < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", top_k));
+    return MakeError(ErrorKind::kInvalidArgument, "top_k", absl::StrCat("top_k must be >= 0, got ", top_k));
   }
   if (!(min_p >= 0.0f && min_p <= 1.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", min_p));
+    return MakeError(ErrorKind::kInvalidArgument, "min_p", absl::StrCat("min_p must be in [0, 1], got ", min_p));
   }
   if (!std::isfinite(repetition_penalty) || !(repetition_penalty > 0.0f)) {
-    return absl::InvalidArgumentError(
+    return MakeError(ErrorKind::kInvalidArgument, "repetition_penalty",
         absl::StrCat("repetition_penalty must be finite and > 0, got ", repetition_penalty));
   }
   if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) {
-    return absl::InvalidArgumentError(
+    return MakeError(ErrorKind::kInvalidArgument, "presence_penalty",
         absl::StrCat("presence_penalty must be in [-2, 2], got ", presence_penalty));
   }
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
-    return absl::InvalidArgumentError(
+    return MakeError(ErrorKind::kInvalidArgument, "frequency_penalty",
         absl::StrCat("frequency_penalty must be in [-2, 2], got ", frequency_penalty));
   }
   if (top_logprobs < 0 || top_logprobs > kMaxTopLogprobs) {
-    return absl::InvalidArgumentError(
+    return MakeError(ErrorKind::kInvalidArgument, "top_logprobs",
         absl::StrCat("top_logprobs must be in [0, ", kMaxTopLogprobs, "], got ", top_logprobs));
   }
   if (top_logprobs > 0 && !logprobs) {
-    return absl::InvalidArgumentError(
+    return MakeError(ErrorKind::kInvalidArgument, "top_logprobs",
         absl::StrCat("top_logprobs (", top_logprobs, ") needs logprobs to be true"));
   }
   return absl::OkStatus();

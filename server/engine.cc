@@ -373,9 +373,9 @@ void Engine::Impl::StartCommit(std::unique_ptr<Stream> s, GenerateSummary summar
   }
   const int64_t max_ctx = facts.limits.max_context_tokens;
   if (meta->tokens_seen + static_cast<int64_t>(tokens.size()) > max_ctx) {
-    FailStream(*s, absl::InvalidArgumentError(absl::StrCat("commit: the session holds ", meta->tokens_seen,
-                                                            " tokens; the reply adds ", tokens.size(),
-                                                            ", beyond max_context_tokens (", max_ctx, ")")));
+    FailStream(*s, MakeError(ErrorKind::kContextLengthExceeded, "commit",
+                             absl::StrCat("commit: the session holds ", meta->tokens_seen, " tokens; the reply adds ",
+                                          tokens.size(), ", beyond max_context_tokens (", max_ctx, ")")));
     return;
   }
   auto j = std::make_unique<ActiveJob>();
@@ -448,6 +448,8 @@ void Engine::Impl::CompleteJob(ActiveJob& j) {
         (void)cells.Select(l, per_group);
       }
       out.layers = Layers(cells, /*positions=*/true);
+      if (j.reservation.has_value()) store->Unreserve(*j.reservation);  // the job's bytes
+      j.reservation.reset();
       j.compress_done(std::move(out));
       return;
     }
@@ -519,6 +521,8 @@ void Engine::Impl::FailJob(ActiveJob& j, absl::Status status) {
       j.stream->Finish(std::move(status));
       break;
     case TurnKind::kCompress:
+      if (j.reservation.has_value()) store->Unreserve(*j.reservation);
+      j.reservation.reset();
       j.compress_done(std::move(status));
       break;
   }

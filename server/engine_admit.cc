@@ -1,23 +1,52 @@
-// Admissions on the engine thread: create / append jobs and generate streams enter the
-// scheduler under the store's limits (engine_impl.h).
+// Admissions: the one admission point (Admit) and the engine-thread admissions of
+// every job and stream: create, append, generate, compress, fork (engine_impl.h;
+// docs/ARCHITECTURE.md "Admission").
 #include "server/engine_impl.h"
 
 namespace echokv::server {
+
+absl::StatusOr<SessionStore::Reservation> Engine::Impl::Admit(const AdmitRequest& req) {
+  {
+    absl::MutexLock lock(&mu);
+    if (!accepting) return MakeError(ErrorKind::kUnavailable, "", "server is shutting down");
+  }
+  // Spill idle saved sessions first; the store's check below decides.
+  if (req.cold_in_memory && req.cold_bytes > 0) (void)MakeColdRoom(req.cold_bytes, req.spare);
+  absl::StatusOr<SessionStore::Reservation> r = absl::InternalError("not admitted");
+  switch (req.what) {
+    case Admission::kCompress:
+      r = store->ReserveBytes(req.tenant, req.hot_bytes, req.cold_bytes, req.cold_in_memory);
+      break;
+    case Admission::kRestore:
+      r = store->ReserveId(req.id.value_or(""), req.tenant, req.hot_bytes, req.cold_bytes, req.cold_in_memory);
+      break;
+    case Admission::kImport:
+      if (req.id.has_value()) {
+        r = store->ReserveImportedId(*req.id, req.tenant, req.hot_bytes, req.cold_bytes, req.cold_in_memory);
+        break;
+      }
+      [[fallthrough]];
+    case Admission::kCreate:
+    case Admission::kFork:
+      r = store->Reserve(req.tenant, req.hot_bytes, req.cold_bytes, req.cold_in_memory);
+      break;
+  }
+  if (!r.ok() && req.what != Admission::kRestore) Reject(r.status());
+  return r;
+}
 
 void Engine::Impl::AdmitCreate(std::shared_ptr<CreateRequest> req, CancelFlag cancel, ProgressFn progress,
                                DoneFn<SessionInfo> done, std::vector<int> tokens, absl::Time admitted) {
   const MemoryMode memory = req->memory.value_or(config.default_memory);
   const int64_t n = static_cast<int64_t>(tokens.size());
-  // Admission estimate: at most min(L, B) entries per layer and group stay hot.
-  const int64_t keep = req->config.policy == compression::PolicyKind::kFull ? n : std::min<int64_t>(n, req->config.budget);
-  const int64_t cold = memory == MemoryMode::kTiered ? n * bytes_per_token : 0;
-  if (memory == MemoryMode::kTiered) (void)MakeColdRoom(cold, "");  // spill idle saved sessions first
-  absl::StatusOr<SessionStore::Reservation> r =
-      store->Reserve(req->caller.tenant, keep * bytes_per_token, cold, memory == MemoryMode::kTiered);
-  if (!r.ok()) {
-    Reject(r.status());
-    return done(r.status());
-  }
+  AdmitRequest ask;
+  ask.what = Admission::kCreate;
+  ask.tenant = req->caller.tenant;
+  ask.hot_bytes = HotEstimate(n, req->config);
+  ask.cold_bytes = memory == MemoryMode::kTiered ? n * bytes_per_token : 0;
+  ask.cold_in_memory = memory == MemoryMode::kTiered;
+  absl::StatusOr<SessionStore::Reservation> r = Admit(ask);
+  if (!r.ok()) return done(r.status());
   TurnSpec spec;
   spec.kind = TurnKind::kCreate;
   spec.tokens = std::move(tokens);
@@ -62,10 +91,14 @@ void Engine::Impl::AdmitAppend(std::shared_ptr<AppendRequest> req, CancelFlag ca
   const int64_t max_ctx = facts.limits.max_context_tokens;
   if (chat_enc.has_value()) {
     tokens = NewChatTokens(*chat_enc, (*data)->tokens);
-    if (tokens.empty()) return refuse(absl::InvalidArgumentError("input.chat: the messages add no tokens to the conversation"));
+    if (tokens.empty()) {
+      return refuse(MakeError(ErrorKind::kInvalidArgument, "input.chat",
+                              "input.chat: the messages add no tokens to the conversation"));
+    }
     if (meta->tokens_seen + static_cast<int64_t>(tokens.size()) > max_ctx) {
-      return refuse(absl::InvalidArgumentError(absl::StrCat("input: ", tokens.size(), " tokens + ", meta->tokens_seen,
-                                                            " in the session exceed max_context_tokens (", max_ctx, ")")));
+      return refuse(MakeError(ErrorKind::kContextLengthExceeded, "input",
+                              absl::StrCat("input: ", tokens.size(), " tokens + ", meta->tokens_seen,
+                                           " in the session exceed max_context_tokens (", max_ctx, ")")));
     }
   }
   if (then != nullptr) {
@@ -75,10 +108,11 @@ void Engine::Impl::AdmitAppend(std::shared_ptr<AppendRequest> req, CancelFlag ca
     then->FitMaxTokens(max_ctx - held);
     const int max_tokens = then->params().max_tokens;
     if (max_tokens > max_ctx - held) {
-      return refuse(absl::InvalidArgumentError(absl::StrCat(
-          "max_tokens: the session holds ", meta->tokens_seen, " tokens and the input adds ", tokens.size(), "; ",
-          max_tokens, " more (committed) exceed max_context_tokens (", max_ctx, "): at most ",
-          std::max<int64_t>(max_ctx - held, 0))));
+      return refuse(MakeError(ErrorKind::kContextLengthExceeded, "max_tokens",
+                              absl::StrCat("max_tokens: the session holds ", meta->tokens_seen,
+                                           " tokens and the input adds ", tokens.size(), "; ", max_tokens,
+                                           " more (committed) exceed max_context_tokens (", max_ctx, "): at most ",
+                                           std::max<int64_t>(max_ctx - held, 0))));
     }
   }
   TurnSpec spec;
@@ -147,9 +181,11 @@ void Engine::Impl::AdmitGenerate(std::unique_ptr<Stream> s) {
   s->FitMaxTokens(room);
   if (p.max_tokens > room) {
     if (p.commit) store->Release(p.session_id);
-    return s->Finish(absl::InvalidArgumentError(absl::StrCat(
-        "max_tokens: the session holds ", meta->tokens_seen, " tokens; ", p.max_tokens, " more",
-        p.commit ? " (committed)" : "", " exceed max_context_tokens (", max_ctx, "): at most ", std::max<int64_t>(room, 0))));
+    return s->Finish(MakeError(ErrorKind::kContextLengthExceeded, "max_tokens",
+                               absl::StrCat("max_tokens: the session holds ", meta->tokens_seen, " tokens; ",
+                                            p.max_tokens, " more", p.commit ? " (committed)" : "",
+                                            " exceed max_context_tokens (", max_ctx, "): at most ",
+                                            std::max<int64_t>(room, 0))));
   }
   absl::StatusOr<std::shared_ptr<SessionData>> data = SessionDataFor(p.session_id, p.caller.tenant);
   if (!data.ok()) {
@@ -170,6 +206,111 @@ void Engine::Impl::AdmitGenerate(std::unique_ptr<Stream> s) {
     return s->Finish(absl::InternalError(absl::StrCat("copying the session cache: ", e.what())));
   }
   streams.push_back(std::move(s));
+}
+
+void Engine::Impl::AdmitCompress(Caller caller, compression::CompressionConfig config_in, CancelFlag cancel,
+                                 DoneFn<CompressOutcome> done, std::vector<int> tokens, absl::Time admitted) {
+  // No session: the job's cache counts against max_kv_bytes (and the tenant's quota)
+  // while it runs, estimated as a new session's would be.
+  AdmitRequest ask;
+  ask.what = Admission::kCompress;
+  ask.tenant = caller.tenant;
+  ask.hot_bytes = HotEstimate(static_cast<int64_t>(tokens.size()), config_in);
+  absl::StatusOr<SessionStore::Reservation> r = Admit(ask);
+  if (!r.ok()) return done(r.status());
+  TurnSpec spec;
+  spec.kind = TurnKind::kCompress;
+  spec.tokens = std::move(tokens);
+  spec.config = config_in;
+  spec.prefill_chunk = config.prefill_chunk;
+  absl::StatusOr<std::unique_ptr<TurnJob>> turn = TurnJob::Start(model.get(), std::move(spec));
+  if (!turn.ok()) {
+    store->Unreserve(*r);
+    return done(turn.status());
+  }
+  auto j = std::make_unique<ActiveJob>();
+  j->id = next_work_id++;
+  j->turn = std::move(*turn);
+  j->cancel = std::move(cancel);
+  j->caller = std::move(caller);
+  j->reservation = *r;
+  j->compress_done = std::move(done);
+  j->admitted = admitted;
+  jobs.push_back(std::move(j));
+}
+
+void Engine::Impl::AdmitFork(Caller caller, std::string session_id, std::optional<absl::Duration> ttl,
+                             std::shared_ptr<DoneFn<SessionInfo>> d) {
+  // A read of the source: allowed while it is busy; sees its committed state.
+  absl::StatusOr<SessionMeta> meta = store->Get(session_id, caller.tenant, true);
+  if (!meta.ok()) return (*d)(meta.status());
+  absl::StatusOr<std::shared_ptr<SessionData>> src = SessionDataFor(session_id, caller.tenant);
+  if (!src.ok()) return (*d)(src.status());
+  AdmitRequest ask;
+  ask.what = Admission::kFork;
+  ask.tenant = caller.tenant;
+  ask.hot_bytes = meta->hot_bytes;
+  ask.cold_bytes = meta->cold_bytes;
+  ask.cold_in_memory = meta->cold_in_memory;
+  ask.spare = session_id;
+  absl::StatusOr<SessionStore::Reservation> r = Admit(ask);
+  if (!r.ok()) return (*d)(r.status());
+  auto data = std::make_shared<SessionData>();
+  try {
+    const SessionData& from = **src;
+    data->hot = from.hot.Clone();
+    data->last_logits = from.last_logits.clone();
+    data->tokens = from.tokens;
+    if (from.cold != nullptr) {
+      absl::StatusOr<model::KvCache> cold = from.cold->ClonePrefix(from.cold_len);
+      if (!cold.ok()) {
+        store->Unreserve(*r);
+        return (*d)(cold.status());
+      }
+      data->cold = std::make_shared<model::KvCache>(std::move(*cold));
+      data->cold_len = from.cold_len;
+      data->window_queries = from.window_queries;    // never modified in place
+      data->window_positions = from.window_positions;
+      data->h2o_scores = from.h2o_scores;
+    }
+  } catch (const std::exception& e) {
+    store->Unreserve(*r);
+    return (*d)(absl::InternalError(absl::StrCat("fork: ", e.what())));
+  }
+  SessionMeta copy = *meta;
+  copy.id = r->id;
+  copy.tenant = caller.tenant;
+  copy.created = copy.last_used = clock->Now();
+  copy.ttl = ttl.value_or(meta->ttl);
+  copy.busy = false;
+  data->segments_since_full = 0;
+  auto reservation = std::make_shared<SessionStore::Reservation>(*r);
+  Impl* impl = this;
+  // Answers once the fork is in the store (and on disk first when durable).
+  auto finish = [impl, caller, reservation, copy, data, d](absl::Status written) {
+    if (!written.ok()) {
+      impl->store->Unreserve(*reservation);
+      return (*d)(written);
+    }
+    if (absl::Status s = impl->store->Insert(*reservation, copy, data); !s.ok()) {
+      impl->Reject(s);
+      impl->ForgetOnDisk(reservation->id);
+      return (*d)(s);
+    }
+    if (impl->observer != nullptr) impl->observer->OnSessionCreated();
+    absl::StatusOr<SessionMeta> now = impl->store->Get(reservation->id, caller.tenant, false);
+    (*d)(now.ok() ? absl::StatusOr<SessionInfo>(impl->Info(*now)) : now.status());
+  };
+  if (durable == nullptr) return finish(absl::OkStatus());
+  absl::StatusOr<TurnRecord> rec = EncodeTurn(copy, *data, 0, /*full=*/true);
+  if (!rec.ok()) return finish(rec.status());
+  auto record = std::make_shared<TurnRecord>(std::move(*rec));
+  io->Submit([impl, record, finish](bool shutting_down) {
+    absl::Status st = shutting_down ? absl::UnavailableError("server is shutting down")
+                                    : impl->durable->WriteTurn(record->meta, record->segment);
+    if (!st.ok() && !shutting_down) st = impl->StateFailure(st, "saving the forked session", /*write=*/true);
+    if (!impl->Post([finish, st] { finish(st); })) finish(absl::UnavailableError("server is shutting down"));
+  });
 }
 
 }  // namespace echokv::server

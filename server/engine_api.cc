@@ -153,8 +153,7 @@ void Engine::Impl::EdgeAppend(std::shared_ptr<AppendRequest> req, CancelFlag can
     if (shutting_down) return fail(absl::UnavailableError("server is shutting down"));
     if (cancel->load()) return fail(absl::CancelledError("cancelled before it started"));
     if (!IsValidSessionId(req->session_id)) {
-      return fail(absl::InvalidArgumentError(
-          absl::StrCat("session_id ", EscapedIdPrefix(req->session_id), " is malformed")));
+      return fail(MalformedSessionId(req->session_id));
     }
     // Claim first: the tokens count against the session's room, and no other mutation
     // may slip in between.
@@ -214,31 +213,32 @@ void Engine::Generate(GenerateParams params, CancelFlag cancel, StreamSink sink,
   const EngineLimits& limits = impl->facts.limits;
   auto fail = [&](absl::Status s) { done(std::move(s)); };
   if (!IsValidSessionId(params.session_id)) {
-    return fail(absl::InvalidArgumentError(
-        absl::StrCat("session_id ", EscapedIdPrefix(params.session_id), " is malformed")));
+    return fail(MalformedSessionId(params.session_id));
   }
   if (params.max_tokens < 1 || params.max_tokens > limits.max_new_tokens) {
-    return fail(absl::InvalidArgumentError(absl::StrCat("max_tokens must be in [1, ", limits.max_new_tokens,
-                                                        "] (max_new_tokens), got ", params.max_tokens)));
+    return fail(MakeError(ErrorKind::kInvalidArgument, "max_tokens",
+                          absl::StrCat("max_tokens must be in [1, ", limits.max_new_tokens,
+                                       "] (max_new_tokens), got ", params.max_tokens)));
   }
   if (absl::Status s = params.sampling.Validate(); !s.ok()) {
-    return fail(absl::InvalidArgumentError(absl::StrCat("sampling.", s.message())));
+    return fail(WithFieldPrefix(s, "sampling.", "sampling"));
   }
-  if (params.stop.size() > 16) return fail(absl::InvalidArgumentError("stop: at most 16 stop strings"));
+  if (params.stop.size() > 16) return fail(MakeError(ErrorKind::kInvalidArgument, "stop", "stop: at most 16 stop strings"));
   for (size_t i = 0; i < params.stop.size(); ++i) {
     if (params.stop[i].empty() || params.stop[i].size() > 256) {
-      return fail(absl::InvalidArgumentError(
-          absl::StrCat("stop[", i, "] must be 1..256 bytes, got ", params.stop[i].size())));
+      return fail(MakeError(ErrorKind::kInvalidArgument, "stop",
+                            absl::StrCat("stop[", i, "] must be 1..256 bytes, got ", params.stop[i].size())));
     }
   }
   for (size_t i = 0; i < params.stop_ids.size(); ++i) {
     if (params.stop_ids[i] < 0 || params.stop_ids[i] >= impl->facts.vocab_size) {
-      return fail(absl::InvalidArgumentError(absl::StrCat("stop_token_ids[", i, "] = ", params.stop_ids[i],
-                                                          " is outside the vocabulary")));
+      return fail(MakeError(ErrorKind::kInvalidArgument, "stop_token_ids",
+                            absl::StrCat("stop_token_ids[", i, "] = ", params.stop_ids[i], " is outside the vocabulary")));
     }
   }
   if (params.input.has_value() && !params.commit) {
-    return fail(absl::InvalidArgumentError("input: a generation's input is appended with its commit (commit must be true)"));
+    return fail(MakeError(ErrorKind::kInvalidArgument, "input",
+                          "input: a generation's input is appended with its commit (commit must be true)"));
   }
   struct Pending {
     GenerateParams params;
@@ -288,29 +288,13 @@ void Engine::Compress(Caller caller, InputSpec input, compression::CompressionCo
   impl->edge->Submit([impl, caller, in, config, cancel, done, admitted](bool shutting_down) {
     if (shutting_down) return done(absl::UnavailableError("server is shutting down"));
     if (cancel->load()) return done(absl::CancelledError("cancelled before it started"));
-    if (absl::Status s = config.Validate(); !s.ok()) {
-      return done(absl::InvalidArgumentError(absl::StrCat("compression.", s.message())));
-    }
+    if (absl::Status s = config.Validate(); !s.ok()) return done(WithFieldPrefix(s, "compression.", "compression"));
     absl::StatusOr<std::vector<int>> tokens =
         impl->Tokenize(*in, /*default_special=*/true, impl->facts.limits.max_context_tokens, 0);
     if (!tokens.ok()) return done(tokens.status());
     auto ids = std::make_shared<std::vector<int>>(std::move(*tokens));
     if (!impl->Post([impl, caller, config, cancel, done, ids, admitted] {
-          TurnSpec spec;
-          spec.kind = TurnKind::kCompress;
-          spec.tokens = std::move(*ids);
-          spec.config = config;
-          spec.prefill_chunk = impl->config.prefill_chunk;
-          absl::StatusOr<std::unique_ptr<TurnJob>> turn = TurnJob::Start(impl->model.get(), std::move(spec));
-          if (!turn.ok()) return done(turn.status());
-          auto j = std::make_unique<ActiveJob>();
-          j->id = impl->next_work_id++;
-          j->turn = std::move(*turn);
-          j->cancel = cancel;
-          j->caller = caller;
-          j->compress_done = done;
-          j->admitted = admitted;
-          impl->jobs.push_back(std::move(j));
+          impl->AdmitCompress(caller, config, cancel, done, std::move(*ids), admitted);
         }, cancel)) {
       done(absl::UnavailableError("server is shutting down"));
     }
@@ -321,85 +305,18 @@ void Engine::ForkSession(Caller caller, std::string session_id, std::optional<ab
                          DoneFn<SessionInfo> done) {
   Impl* impl = impl_.get();
   if (!IsValidSessionId(session_id)) {
-    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+    return done(MalformedSessionId(session_id));
   }
   if (absl::Status s = impl->CheckTtl(ttl); !s.ok()) return done(s);
   auto d = std::make_shared<DoneFn<SessionInfo>>(std::move(done));
-  if (!impl->Post([impl, caller, session_id, ttl, d] {
-        // A read of the source: allowed while it is busy; sees its committed state.
-        absl::StatusOr<SessionMeta> meta = impl->store->Get(session_id, caller.tenant, true);
-        if (!meta.ok()) return (*d)(meta.status());
-        absl::StatusOr<std::shared_ptr<SessionData>> src = impl->SessionDataFor(session_id, caller.tenant);
-        if (!src.ok()) return (*d)(src.status());
-        absl::StatusOr<SessionStore::Reservation> r =
-            impl->store->Reserve(caller.tenant, meta->hot_bytes, meta->cold_bytes, meta->cold_in_memory);
-        if (!r.ok()) {
-          impl->Reject(r.status());
-          return (*d)(r.status());
-        }
-        auto data = std::make_shared<SessionData>();
-        try {
-          const SessionData& from = **src;
-          data->hot = from.hot.Clone();
-          data->last_logits = from.last_logits.clone();
-          data->tokens = from.tokens;
-          if (from.cold != nullptr) {
-            absl::StatusOr<model::KvCache> cold = from.cold->ClonePrefix(from.cold_len);
-            if (!cold.ok()) {
-              impl->store->Unreserve(*r);
-              return (*d)(cold.status());
-            }
-            data->cold = std::make_shared<model::KvCache>(std::move(*cold));
-            data->cold_len = from.cold_len;
-            data->window_queries = from.window_queries;    // never modified in place
-            data->window_positions = from.window_positions;
-            data->h2o_scores = from.h2o_scores;
-          }
-        } catch (const std::exception& e) {
-          impl->store->Unreserve(*r);
-          return (*d)(absl::InternalError(absl::StrCat("fork: ", e.what())));
-        }
-        SessionMeta copy = *meta;
-        copy.id = r->id;
-        copy.tenant = caller.tenant;
-        copy.created = copy.last_used = impl->clock->Now();
-        copy.ttl = ttl.value_or(meta->ttl);
-        copy.busy = false;
-        data->segments_since_full = 0;
-        auto reservation = std::make_shared<SessionStore::Reservation>(*r);
-        // Answers once the fork is in the store (and on disk first when durable).
-        auto finish = [impl, caller, reservation, copy, data, d](absl::Status written) {
-          if (!written.ok()) {
-            impl->store->Unreserve(*reservation);
-            return (*d)(written);
-          }
-          if (absl::Status s = impl->store->Insert(*reservation, copy, data); !s.ok()) {
-            impl->Reject(s);
-            impl->ForgetOnDisk(reservation->id);
-            return (*d)(s);
-          }
-          if (impl->observer != nullptr) impl->observer->OnSessionCreated();
-          absl::StatusOr<SessionMeta> now = impl->store->Get(reservation->id, caller.tenant, false);
-          (*d)(now.ok() ? absl::StatusOr<SessionInfo>(impl->Info(*now)) : now.status());
-        };
-        if (impl->durable == nullptr) return finish(absl::OkStatus());
-        absl::StatusOr<TurnRecord> rec = EncodeTurn(copy, *data, 0, /*full=*/true);
-        if (!rec.ok()) return finish(rec.status());
-        auto record = std::make_shared<TurnRecord>(std::move(*rec));
-        impl->io->Submit([impl, record, finish](bool shutting_down) {
-          absl::Status st = shutting_down ? absl::UnavailableError("server is shutting down")
-                                          : impl->durable->WriteTurn(record->meta, record->segment);
-          if (!st.ok() && !shutting_down) st = impl->StateFailure(st, "saving the forked session", /*write=*/true);
-          if (!impl->Post([finish, st] { finish(st); })) finish(absl::UnavailableError("server is shutting down"));
-        });
-      })) {
+  if (!impl->Post([impl, caller, session_id, ttl, d] { impl->AdmitFork(caller, session_id, ttl, d); })) {
     (*d)(absl::UnavailableError("server is shutting down"));
   }
 }
 
 void Engine::GetSession(Caller caller, std::string session_id, DoneFn<SessionInfo> done) {
   if (!IsValidSessionId(session_id)) {
-    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+    return done(MalformedSessionId(session_id));
   }
   absl::StatusOr<SessionMeta> meta = impl_->store->Get(session_id, caller.tenant, /*touch=*/true);
   if (!meta.ok()) return done(meta.status());
@@ -414,7 +331,7 @@ void Engine::ListSessions(Caller caller, DoneFn<std::vector<SessionInfo>> done) 
 
 void Engine::DeleteSession(Caller caller, std::string session_id, DoneFn<int64_t> done) {
   if (!IsValidSessionId(session_id)) {
-    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+    return done(MalformedSessionId(session_id));
   }
   absl::StatusOr<int64_t> freed = impl_->store->Delete(session_id, caller.tenant);
   Impl* impl = impl_.get();
@@ -432,7 +349,7 @@ void Engine::InspectCache(Caller caller, std::string session_id, bool include_po
                           DoneFn<CacheInspection> done) {
   Impl* impl = impl_.get();
   if (!IsValidSessionId(session_id)) {
-    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+    return done(MalformedSessionId(session_id));
   }
   auto d = std::make_shared<DoneFn<CacheInspection>>(std::move(done));
   if (!impl->Post([impl, caller, session_id, include_positions, d] {
@@ -459,7 +376,7 @@ void Engine::ExportSession(Caller caller, std::string session_id, CancelFlag can
                            DoneFn<int64_t> done) {
   Impl* impl = impl_.get();
   if (!IsValidSessionId(session_id)) {
-    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+    return done(MalformedSessionId(session_id));
   }
   cancel = OrFreshFlag(std::move(cancel));
   auto sink_ptr = std::make_shared<ExportSink>(std::move(sink));
@@ -573,15 +490,15 @@ absl::StatusOr<SessionInfo> SessionImportImpl::Complete() {
   // CreateSession with the same settings would be (docs/SECURITY.md "Imported snapshots").
   ECHOKV_RETURN_IF_ERROR(impl_->CheckImport(parsed->meta, incoming, ttl_));
   const bool in_memory = impl_->durable == nullptr;
-  const bool cold_in_memory = in_memory && incoming.memory == MemoryMode::kTiered;
-  absl::StatusOr<SessionStore::Reservation> r =
-      keep_id_ ? impl_->store->ReserveImportedId(incoming.id, caller_.tenant, incoming.hot_bytes,
-                                                 incoming.cold_bytes, cold_in_memory)
-               : impl_->store->Reserve(caller_.tenant, incoming.hot_bytes, incoming.cold_bytes, cold_in_memory);
-  if (!r.ok()) {
-    impl_->Reject(r.status());
-    return r.status();
-  }
+  Engine::Impl::AdmitRequest ask;
+  ask.what = Engine::Impl::Admission::kImport;
+  ask.tenant = caller_.tenant;
+  ask.hot_bytes = incoming.hot_bytes;
+  ask.cold_bytes = incoming.cold_bytes;
+  ask.cold_in_memory = in_memory && incoming.memory == MemoryMode::kTiered;
+  if (keep_id_) ask.id = incoming.id;
+  absl::StatusOr<SessionStore::Reservation> r = impl_->Admit(ask);
+  if (!r.ok()) return r.status();
   const absl::Time now = impl_->clock->Now();
   absl::StatusOr<state::SessionManifest> committed =
       importer_->Finish(r->id, [this, now](state::SessionMeta& m) {
@@ -618,7 +535,7 @@ absl::StatusOr<SessionInfo> SessionImportImpl::Complete() {
   if (!loaded.ok()) {
     const absl::Status& s = loaded.status();
     if (absl::IsResourceExhausted(s) || absl::IsUnavailable(s)) return refuse(s);
-    return refuse(absl::InvalidArgumentError(absl::StrCat("snapshot: ", s.message())));
+    return refuse(MakeError(ErrorKind::kInvalidArgument, "snapshot", absl::StrCat("snapshot: ", s.message())));
   }
   std::shared_ptr<SessionData> data;
   if (in_memory) {
@@ -642,7 +559,7 @@ absl::StatusOr<SessionInfo> SessionImportImpl::Complete() {
 void Engine::SessionTokens(Caller caller, std::string session_id, DoneFn<std::vector<int>> done) {
   Impl* impl = impl_.get();
   if (!IsValidSessionId(session_id)) {
-    return done(absl::InvalidArgumentError(absl::StrCat("session_id ", EscapedIdPrefix(session_id), " is malformed")));
+    return done(MalformedSessionId(session_id));
   }
   auto d = std::make_shared<DoneFn<std::vector<int>>>(std::move(done));
   if (!impl->Post([impl, caller, session_id, d] {

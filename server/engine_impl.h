@@ -5,7 +5,8 @@
 //   engine.cc          the loop: Step (schedule -> run -> outputs), completions, reaping
 //   engine_input.cc    input checks, tokenization, chat encoding, session info
 //   engine_persist.cc  durable sessions: snapshots, cold-tier room, restore on start
-//   engine_admit.cc    admissions of create / append / generate (engine thread)
+//   engine_admit.cc    the one admission point (Admit) and the admissions of create / append /
+//                      generate / compress / fork (engine thread)
 //   engine_api.cc      Engine's public methods (any thread) and ImportSession
 #ifndef ECHOKV_SERVER_ENGINE_IMPL_H_
 #define ECHOKV_SERVER_ENGINE_IMPL_H_
@@ -24,6 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/errors.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "model/tokenizer.h"
@@ -57,13 +59,6 @@ inline bool IsLookaheadPolicy(compression::PolicyKind kind) {
   return kind == compression::PolicyKind::kLaq || kind == compression::PolicyKind::kEchoKv;
 }
 
-// The limit a RESOURCE_EXHAUSTED message names first ("max_sessions (...", ...).
-inline std::string LimitName(const absl::Status& s) {
-  const std::string msg(s.message());
-  const size_t end = msg.find_first_of(" (");
-  return msg.substr(0, end);
-}
-
 // A prefill / compression job with what its completion needs.
 struct ActiveJob {
   uint64_t id = 0;
@@ -71,7 +66,7 @@ struct ActiveJob {
   CancelFlag cancel;                                      // never null
   Caller caller;
   std::string session_id;                                 // append / commit
-  std::optional<SessionStore::Reservation> reservation;   // create
+  std::optional<SessionStore::Reservation> reservation;   // create; compress (bytes only)
   std::optional<absl::Duration> ttl;                      // create
   DoneFn<SessionInfo> session_done;                       // create / append
   DoneFn<CompressOutcome> compress_done;                  // compress
@@ -120,7 +115,6 @@ struct PendingPrompt {
 
 using engine_internal::ActiveJob;
 using engine_internal::IsLookaheadPolicy;
-using engine_internal::LimitName;
 using engine_internal::MakeMessage;
 using engine_internal::OrFreshFlag;
 using engine_internal::StateObserverAdapter;
@@ -246,6 +240,35 @@ class Engine::Impl {
   void FailJob(ActiveJob& j, absl::Status status);
   void ReportCompression(const TurnJob& t);
 
+  // ---- The one admission point (engine_admit.cc; docs/ARCHITECTURE.md "Admission") ----
+  // Every job that brings a new session (create, fork, import, restore) or holds KV
+  // bytes while it runs without one (compress) asks Admit, which applies the same rules
+  // in the same order: the engine still accepts work (else UNAVAILABLE, kUnavailable);
+  // cold bytes that count in memory get room first (MakeColdRoom spills idle saved
+  // sessions); then the store's limits and the tenant's quotas (max_sessions for a new
+  // session, max_kv_bytes, max_cold_bytes: RESOURCE_EXHAUSTED, kLimitReached naming the
+  // limit). A refusal by a limit counts in the observer's rejections (not at restore,
+  // which nobody asked for). Any thread: the store is thread-safe. Appends and commits
+  // create nothing: they claim their session (kBusy when another mutation holds it) and
+  // their growth is checked, by the same limits and kinds, when they commit
+  // (SessionStore::Commit).
+  enum class Admission { kCreate, kFork, kImport, kRestore, kCompress };
+  struct AdmitRequest {
+    Admission what = Admission::kCreate;
+    std::string tenant;
+    int64_t hot_bytes = 0;
+    int64_t cold_bytes = 0;
+    bool cold_in_memory = false;     // the cold bytes count against max_cold_bytes
+    std::optional<std::string> id;   // import with keep_id, restore: this id (ALREADY_EXISTS when taken)
+    std::string spare;               // a session MakeColdRoom leaves loaded (fork: the source)
+  };
+  absl::StatusOr<SessionStore::Reservation> Admit(const AdmitRequest& req);
+  // The admission estimate of a new cache of `n` tokens: at most min(n, budget) entries
+  // per layer and group stay hot (all n for the full policy).
+  int64_t HotEstimate(int64_t n, const compression::CompressionConfig& c) const {
+    return (c.policy == compression::PolicyKind::kFull ? n : std::min<int64_t>(n, c.budget)) * bytes_per_token;
+  }
+
   // Admissions (engine thread).
   void AdmitCreate(std::shared_ptr<CreateRequest> req, CancelFlag cancel, ProgressFn progress,
                    DoneFn<SessionInfo> done, std::vector<int> tokens, absl::Time admitted);
@@ -262,6 +285,12 @@ class Engine::Impl {
   // A finished append of GenerateParams::input: its stream begins (engine thread).
   void StartPromptedStream(ActiveJob& j);
   void AdmitGenerate(std::unique_ptr<Stream> s);
+  // Compress's job: admitted for its bytes (Admission::kCompress), released when it ends.
+  void AdmitCompress(Caller caller, compression::CompressionConfig config, CancelFlag cancel,
+                     DoneFn<CompressOutcome> done, std::vector<int> tokens, absl::Time admitted);
+  // ForkSession on the engine thread: admitted as a new session of the source's bytes.
+  void AdmitFork(Caller caller, std::string session_id, std::optional<absl::Duration> ttl,
+                 std::shared_ptr<DoneFn<SessionInfo>> done);
 
   absl::StatusOr<ChatEncoding> EncodeConversation(const std::vector<model::ChatMessage>& previous,
                                                   const std::vector<model::ChatMessage>& added,
@@ -298,8 +327,12 @@ class Engine::Impl {
   std::vector<LayerCacheInfo> Layers(const model::KvCells& cells, bool positions) const;
   std::function<void(const std::string&, int64_t, int64_t)> ProgressAdapter(ProgressFn progress,
                                                                             absl::Time admitted) const;
+  // Counts a refusal by a limit (ErrorInfo::limit) in the observer's rejections.
   void Reject(const absl::Status& s) {
-    if (observer != nullptr && absl::IsResourceExhausted(s)) observer->OnSessionRejected(LimitName(s));
+    const ErrorInfo info = ErrorInfoOf(s);
+    if (observer != nullptr && info.kind == ErrorKind::kLimitReached && !info.limit.empty()) {
+      observer->OnSessionRejected(info.limit);
+    }
   }
 };
 

@@ -7,9 +7,9 @@ namespace echokv::server {
 absl::Status Engine::Impl::CheckTtl(const std::optional<absl::Duration>& ttl) const {
   if (!ttl.has_value()) return absl::OkStatus();
   if (*ttl <= absl::ZeroDuration() || *ttl > config.limits.max_session_ttl) {
-    return absl::InvalidArgumentError(absl::StrCat("ttl_seconds must be in [1, ",
-                                                   absl::ToInt64Seconds(config.limits.max_session_ttl),
-                                                   "] (max_session_ttl), got ", absl::ToInt64Seconds(*ttl)));
+    return MakeError(ErrorKind::kInvalidArgument, "ttl_seconds",
+                     absl::StrCat("ttl_seconds must be in [1, ", absl::ToInt64Seconds(config.limits.max_session_ttl),
+                                  "] (max_session_ttl), got ", absl::ToInt64Seconds(*ttl)));
   }
   return absl::OkStatus();
 }
@@ -17,18 +17,15 @@ absl::Status Engine::Impl::CheckTtl(const std::optional<absl::Duration>& ttl) co
 absl::Status Engine::Impl::CheckSessionSettings(const std::optional<absl::Duration>& ttl,
                                                 const compression::CompressionConfig& config) const {
   ECHOKV_RETURN_IF_ERROR(CheckTtl(ttl));
-  if (absl::Status s = config.Validate(); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("compression.", s.message()));
-  }
-  return absl::OkStatus();
+  return WithFieldPrefix(config.Validate(), "compression.", "compression");
 }
 
 absl::Status Engine::Impl::CheckTokenIds(absl::Span<const int> ids, absl::string_view field) const {
   const int v = facts.vocab_size;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= v) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, "[", i, "] = ", ids[i], " is outside the vocabulary [0, ", v, ")"));
+      return MakeError(ErrorKind::kInvalidArgument, field,
+                       absl::StrCat(field, "[", i, "] = ", ids[i], " is outside the vocabulary [0, ", v, ")"));
     }
   }
   return absl::OkStatus();
@@ -38,20 +35,19 @@ absl::Status Engine::Impl::CheckImport(const state::SessionMeta& saved, const Se
                                        const std::optional<absl::Duration>& ttl) const {
   // A ttl in the header replaces the saved one (and is the client's own field).
   ECHOKV_RETURN_IF_ERROR(CheckTtl(ttl));
-  auto snapshot = [](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("snapshot: ", s.message()));
-  };
+  auto snapshot = [](const absl::Status& s) { return WithFieldPrefix(s, "snapshot: ", "snapshot"); };
   if (absl::Status s = CheckSessionSettings(ttl.has_value() ? ttl : std::optional<absl::Duration>(saved.ttl),
                                             incoming.config);
       !s.ok()) {
     return snapshot(s);
   }
-  if (saved.tokens.empty()) return absl::InvalidArgumentError("snapshot: tokens: empty");
+  if (saved.tokens.empty()) return MakeError(ErrorKind::kInvalidArgument, "snapshot.tokens", "snapshot: tokens: empty");
   if (absl::Status s = CheckTokenIds(saved.tokens, "tokens"); !s.ok()) return snapshot(s);
   const int64_t n = static_cast<int64_t>(saved.tokens.size());
   if (n > facts.limits.max_context_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("snapshot: tokens: ", n, " tokens exceed max_context_tokens (",
-                                                   facts.limits.max_context_tokens, ")"));
+    return MakeError(ErrorKind::kContextLengthExceeded, "snapshot.tokens",
+                     absl::StrCat("snapshot: tokens: ", n, " tokens exceed max_context_tokens (",
+                                  facts.limits.max_context_tokens, ")"));
   }
   return absl::OkStatus();
 }
@@ -129,8 +125,9 @@ absl::Status Engine::Impl::CheckRequestBytes(const InputSpec& input) const {
     for (const auto& c : m.tool_calls) bytes += static_cast<int64_t>(c.id.size() + c.name.size() + c.arguments_json.size());
   }
   if (bytes > config.limits.max_request_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("input: ", bytes, " bytes exceed max_request_bytes (",
-                                                   config.limits.max_request_bytes, ")"));
+    return MakeError(ErrorKind::kInvalidArgument, "input",
+                     absl::StrCat("input: ", bytes, " bytes exceed max_request_bytes (",
+                                  config.limits.max_request_bytes, ")"));
   }
   return absl::OkStatus();
 }
@@ -140,16 +137,17 @@ absl::StatusOr<std::vector<int>> Engine::Impl::Tokenize(const InputSpec& input, 
   ECHOKV_RETURN_IF_ERROR(CheckRequestBytes(input));
   const int64_t max_ctx = facts.limits.max_context_tokens;
   auto too_long = [&](int64_t n, bool at_least) {
-    return absl::InvalidArgumentError(absl::StrCat("input: ", at_least ? "at least " : "", n, " tokens",
-                                                   held > 0 ? absl::StrCat(" + ", held, " in the session") : "",
-                                                   " exceed max_context_tokens (", max_ctx, ")"));
+    return MakeError(ErrorKind::kContextLengthExceeded, "input",
+                     absl::StrCat("input: ", at_least ? "at least " : "", n, " tokens",
+                                  held > 0 ? absl::StrCat(" + ", held, " in the session") : "",
+                                  " exceed max_context_tokens (", max_ctx, ")"));
   };
   std::vector<int> ids;
   switch (input.kind) {
     case InputSpec::Kind::kNone:
-      return absl::InvalidArgumentError("input: one of text, tokens or chat is required");
+      return MakeError(ErrorKind::kInvalidArgument, "input", "input: one of text, tokens or chat is required");
     case InputSpec::Kind::kText: {
-      if (input.text.empty()) return absl::InvalidArgumentError("input.text: empty");
+      if (input.text.empty()) return MakeError(ErrorKind::kInvalidArgument, "input.text", "input.text: empty");
       model::EncodeOptions eo;
       eo.add_special_tokens = input.add_special_tokens.value_or(default_special);
       eo.parse_special = false;  // user text: special-token strings stay plain text
@@ -160,16 +158,17 @@ absl::StatusOr<std::vector<int>> Engine::Impl::Tokenize(const InputSpec& input, 
       break;
     }
     case InputSpec::Kind::kTokens: {
-      if (input.tokens.empty()) return absl::InvalidArgumentError("input.tokens: empty");
+      if (input.tokens.empty()) return MakeError(ErrorKind::kInvalidArgument, "input.tokens", "input.tokens: empty");
       ECHOKV_RETURN_IF_ERROR(CheckTokenIds(input.tokens, "input.tokens.ids"));
       ids = input.tokens;
       break;
     }
     case InputSpec::Kind::kChat: {
-      if (input.chat.empty()) return absl::InvalidArgumentError("input.chat: no messages");
+      if (input.chat.empty()) return MakeError(ErrorKind::kInvalidArgument, "input.chat", "input.chat: no messages");
       if (!chat.has_value()) {
-        return absl::UnimplementedError(absl::StrCat("input.chat: this model has no usable chat template (",
-                                                     chat_error, "); send text or tokens instead"));
+        return MakeError(ErrorKind::kUnimplemented, "input.chat",
+                         absl::StrCat("input.chat: this model has no usable chat template (", chat_error,
+                                      "); send text or tokens instead"));
       }
       absl::StatusOr<ChatEncoding> r = EncodeConversation({}, input.chat, input.tools_json, input.add_generation_prompt);
       if (!r.ok()) return r.status();
@@ -177,7 +176,7 @@ absl::StatusOr<std::vector<int>> Engine::Impl::Tokenize(const InputSpec& input, 
       break;
     }
   }
-  if (ids.empty()) return absl::InvalidArgumentError("input: no tokens after tokenization");
+  if (ids.empty()) return MakeError(ErrorKind::kInvalidArgument, "input", "input: no tokens after tokenization");
   if (static_cast<int64_t>(ids.size()) > max_tokens) return too_long(static_cast<int64_t>(ids.size()), false);
   return ids;
 }
@@ -185,9 +184,7 @@ absl::StatusOr<std::vector<int>> Engine::Impl::Tokenize(const InputSpec& input, 
 absl::StatusOr<Engine::Impl::ChatEncoding> Engine::Impl::EncodeConversation(
     const std::vector<model::ChatMessage>& previous, const std::vector<model::ChatMessage>& added,
     const std::string& tools_json, bool add_generation_prompt) const {
-  auto fail = [](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("input.chat: ", s.message()));
-  };
+  auto fail = [](const absl::Status& s) { return WithFieldPrefix(s, "input.chat: ", "input.chat"); };
   std::vector<model::ChatMessage> all = previous;
   all.insert(all.end(), added.begin(), added.end());
   absl::StatusOr<std::string> full_text = chat->Render(all, tools_json, add_generation_prompt);

@@ -134,7 +134,7 @@ absl::Status Engine::Impl::MakeColdRoom(int64_t bytes, const std::string& except
       if (t.cold_memory_bytes + bytes <= limit) return absl::OkStatus();
     }
   }
-  return absl::ResourceExhaustedError(absl::StrCat("max_cold_bytes (", limit, ") would be exceeded: cold tiers in memory hold ",
+  return LimitError("max_cold_bytes", absl::StrCat("max_cold_bytes (", limit, ") would be exceeded: cold tiers in memory hold ",
                                                    t.cold_memory_bytes, " bytes and this needs ", bytes, " more"));
 }
 
@@ -187,8 +187,14 @@ absl::Status Engine::Impl::OpenDurableState() {
       continue;
     }
     meta->last_used = clock->Now();  // the idle timer restarts with the process
-    absl::StatusOr<SessionStore::Reservation> r =
-        store->ReserveId(meta->id, meta->tenant, meta->hot_bytes, meta->cold_bytes, /*cold_in_memory=*/false);
+    AdmitRequest ask;
+    ask.what = Admission::kRestore;
+    ask.tenant = meta->tenant;
+    ask.hot_bytes = meta->hot_bytes;
+    ask.cold_bytes = meta->cold_bytes;
+    ask.cold_in_memory = false;  // loaded on first use
+    ask.id = meta->id;
+    absl::StatusOr<SessionStore::Reservation> r = Admit(ask);
     absl::Status s = r.ok() ? store->Insert(*r, *meta, nullptr) : r.status();
     if (!s.ok()) {
       ECHOKV_LOG(ERROR) << "saved session " << EscapedIdPrefix(m.meta.id) << " not restored: " << s.message();

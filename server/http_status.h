@@ -1,6 +1,7 @@
 // The one place where absl::Status becomes an HTTP error of the OpenAI-compatible API
-// (the HTTP twin of status_util.h): status code, OpenAI error `type`, and a `code`
-// string, with the message kept. Body shape (what OpenAI clients parse):
+// (the HTTP twin of status_util.h): from the status's ErrorKind and field
+// (common/errors.h), the HTTP status, OpenAI error `type`, `code` and `param`, with the
+// message kept. Body shape (what OpenAI clients parse):
 //   {"error": {"message": "...", "type": "invalid_request_error", "param": "temperature",
 //              "code": "invalid_argument"}}
 //
@@ -16,6 +17,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "common/errors.h"
 
 namespace echokv::server {
 
@@ -31,19 +34,46 @@ struct HttpError {
   int retry_after_s = 0;      // 0 = no header
 };
 
-// Status -> HTTP (docs/API.md "HTTP errors"):
-//   INVALID_ARGUMENT, OUT_OF_RANGE, UNIMPLEMENTED  400 invalid_request_error
-//   UNAUTHENTICATED                                 401 authentication_error
-//   PERMISSION_DENIED                               403 permission_error
-//   NOT_FOUND                                       404 invalid_request_error
-//   FAILED_PRECONDITION, ALREADY_EXISTS, ABORTED    409 invalid_request_error (conflict, e.g. busy)
-//   RESOURCE_EXHAUSTED                              429 rate_limit_error (a server limit)
-//   CANCELLED, UNAVAILABLE                          503 server_error (shutting down, cancelled by the server)
-//   DEADLINE_EXCEEDED                               504 server_error
-//   INTERNAL, UNKNOWN, DATA_LOSS, other             500 server_error
-// `code` is the lower-case canonical name of the status code ("not_found").
-// 429 and 503 carry retry_after_s = 1. Must not be called with OK.
-HttpError ToHttpError(const absl::Status& status);
+// The request's names for the fields the engine reports (ErrorInfo::field, in the gRPC
+// API's spelling): "input..." is the request's `messages` (chat) or `prompt`
+// (completions); "max_tokens" is whichever of max_tokens / max_completion_tokens the
+// request used.
+struct OpenAiParamNames {
+  std::string input = "input";
+  std::string max_tokens = "max_tokens";
+};
+
+// The one table of the HTTP door: an ErrorKind (and the field it names) -> HTTP status,
+// OpenAI error type, code and param (docs/API.md "HTTP errors"):
+//   kInvalidArgument, kOutOfRange, kUnimplemented    400 invalid_request_error
+//   kContextLengthExceeded                           400 invalid_request_error, code
+//                                                        context_length_exceeded, param
+//                                                        messages / prompt (names.input)
+//   kUnauthenticated                                 401 authentication_error
+//   kPermissionDenied                                403 permission_error
+//   kNotFound                                        404 invalid_request_error
+//   kFailedPrecondition, kBusy, kAlreadyExists, kAborted   409 invalid_request_error (conflict)
+//   kLimitReached                                    429 rate_limit_error (a server limit)
+//   kCancelled, kUnavailable                         503 server_error (shutting down, cancelled by the server)
+//   kDeadlineExceeded                                504 server_error
+//   kInternal, kUnknown, kDataLoss                   500 server_error
+// `code` is the lower-case canonical name of the kind's status code ("not_found"),
+// except context_length_exceeded. 429 and 503 carry retry_after_s = 1. `param`, for
+// kInvalidArgument and kUnimplemented only, from the field: input* -> names.input,
+// max_tokens -> names.max_tokens, sampling.X -> X, stop* -> stop, stop_token_ids* ->
+// stop_token_ids, compression* -> echokv, ttl_seconds -> echokv.ttl_seconds, echokv.X
+// and session_id as they are; any other field -> null.
+struct OpenAiErrorShape {
+  int http_status = 500;
+  std::string type;
+  std::string code;
+  std::string param;   // "" = null
+  int retry_after_s = 0;
+};
+OpenAiErrorShape OpenAiError(ErrorKind kind, absl::string_view field, const OpenAiParamNames& names = {});
+
+// `status` through OpenAiError (its ErrorInfoOf), the message kept. Must not be called with OK.
+HttpError ToHttpError(const absl::Status& status, const OpenAiParamNames& names = {});
 
 // A 400 invalid_request_error naming `param` (a request field, e.g. "messages[2].role").
 HttpError InvalidParam(const std::string& param, const std::string& message,

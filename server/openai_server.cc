@@ -168,36 +168,14 @@ class Generation : public std::enable_shared_from_this<Generation> {
   absl::StatusOr<GenerateSummary> result_ ABSL_GUARDED_BY(mu_) = absl::UnknownError("not finished");
 };
 
-// Fills in `param` for the engine's INVALID_ARGUMENT messages, which start with the
-// gRPC field name ("input.chat: ...", "max_tokens ...", "sampling.top_p ...").
+// An engine error in the request's own names: the engine's fields (ErrorInfo::field)
+// "input..." and "max_tokens" are this request's messages / prompt and max_tokens /
+// max_completion_tokens (http_status.h's OpenAiError table does the rest).
 HttpError EngineError(const absl::Status& status, ApiKind kind, const std::string& max_tokens_param) {
-  HttpError e = ToHttpError(status);
-  const absl::string_view m = status.message();
-  if (status.code() == absl::StatusCode::kInvalidArgument &&
-      (absl::StrContains(m, "exceed max_context_tokens") || absl::StrContains(m, "beyond max_context_tokens"))) {
-    // OpenAI's shape for a context overflow (LangChain raises its overflow error on it),
-    // whether the prompt or prompt + max_tokens is what does not fit.
-    e.code = "context_length_exceeded";
-    e.param = kind == ApiKind::kChat ? "messages" : "prompt";
-    return e;
-  }
-  if (status.code() == absl::StatusCode::kInvalidArgument || status.code() == absl::StatusCode::kUnimplemented) {
-    if (absl::StartsWith(m, "input")) {
-      e.param = kind == ApiKind::kChat ? "messages" : "prompt";
-    } else if (absl::StartsWith(m, "max_tokens")) {
-      e.param = max_tokens_param.empty() ? "max_tokens" : max_tokens_param;
-    } else if (absl::StartsWith(m, "sampling.")) {
-      const absl::string_view rest = m.substr(9);
-      e.param = std::string(rest.substr(0, rest.find_first_of(" :")));
-    } else if (absl::StartsWith(m, "stop_token_ids")) {
-      e.param = "stop_token_ids";
-    } else if (absl::StartsWith(m, "stop")) {
-      e.param = "stop";
-    } else if (absl::StartsWith(m, "compression.") || absl::StartsWith(m, "ttl_seconds")) {
-      e.param = "echokv";
-    }
-  }
-  return e;
+  OpenAiParamNames names;
+  names.input = kind == ApiKind::kChat ? "messages" : "prompt";
+  if (!max_tokens_param.empty()) names.max_tokens = max_tokens_param;
+  return ToHttpError(status, names);
 }
 
 uint64_t RandomSeed() {
@@ -250,8 +228,6 @@ class OpenAiServer::Impl {
  private:
   void Reply(Call* call, httplib::Response& res, HttpError e) {
     if (call != nullptr) call->status = e.status;
-    // The conversation differs from the session's: the same request fails again.
-    if (e.code == "conversation_mismatch") e.no_retry = true;
     res.status = e.status;
     for (const auto& [name, value] : HttpErrorHeaders(e)) res.set_header(name, value);
     res.set_content(HttpErrorJson(e), kJson);
@@ -292,8 +268,9 @@ absl::StatusOr<compression::CompressionConfig> OpenAiServer::Impl::ConfigFrom(co
   if (o.policy.has_value()) {
     absl::StatusOr<compression::PolicyKind> kind = compression::ParsePolicyKind(*o.policy);
     if (!kind.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("echokv.policy: unknown policy ", EchoPrefix(*o.policy), "; one of ",
-                                                     absl::StrJoin(engine->facts().policies, ", ")));
+      return MakeError(ErrorKind::kInvalidArgument, "echokv.policy",
+                       absl::StrCat("echokv.policy: unknown policy ", EchoPrefix(*o.policy), "; one of ",
+                                    absl::StrJoin(engine->facts().policies, ", ")));
     }
     cfg.policy = *kind;
   }
@@ -327,7 +304,6 @@ bool OpenAiServer::Impl::PrepareSession(Call* call, ApiKind kind, const SessionR
     absl::StatusOr<compression::CompressionConfig> cfg = ConfigFrom(options);
     if (!cfg.ok()) {
       *error = EngineError(cfg.status(), kind, "");
-      error->param = "echokv.policy";
       return false;
     }
     cr.config = *cfg;
@@ -345,8 +321,7 @@ bool OpenAiServer::Impl::PrepareSession(Call* call, ApiKind kind, const SessionR
     engine->CreateSession(std::move(cr), nullptr, nullptr, created.Callback());
     absl::StatusOr<SessionInfo> info = created.Wait();
     if (!info.ok()) {
-      *error = EngineError(info.status(), kind, "");
-      if (absl::StartsWith(info.status().message(), "ttl_seconds")) error->param = "echokv.ttl_seconds";
+      *error = EngineError(info.status(), kind, "");  // ttl_seconds: param echokv.ttl_seconds
       return false;
     }
     *session_id = info->id;
@@ -364,7 +339,6 @@ bool OpenAiServer::Impl::PrepareSession(Call* call, ApiKind kind, const SessionR
   if (!info.ok()) {
     *error = EngineError(info.status(), kind, "");
     if (info.status().code() == absl::StatusCode::kNotFound) error->code = "session_not_found";
-    if (info.status().code() == absl::StatusCode::kInvalidArgument) error->param = "session_id";
     return false;
   }
   bool has_input = true;
@@ -380,6 +354,7 @@ bool OpenAiServer::Impl::PrepareSession(Call* call, ApiKind kind, const SessionR
             sent.size(), ". Send the whole conversation (the session's messages, then the new ones)")));
         error->param = "messages";
         error->code = "conversation_mismatch";
+        error->no_retry = true;  // the same request fails again (x-should-retry: false)
         return false;
       }
       if (stored[i].role != sent[i].role || stored[i].content != sent[i].content) {
@@ -389,6 +364,7 @@ bool OpenAiServer::Impl::PrepareSession(Call* call, ApiKind kind, const SessionR
             "messages, or start a new session")));
         error->param = absl::StrCat("messages[", i, "]");
         error->code = "conversation_mismatch";
+        error->no_retry = true;  // the same request fails again (x-should-retry: false)
         return false;
       }
     }

@@ -184,7 +184,7 @@ state::SessionMeta ToStateMeta(const SessionMeta &meta, const SessionData &data)
   state::SessionMeta s;
   s.id = meta.id;
   s.tenant = meta.tenant;
-  s.memory = meta.memory == MemoryMode::kTiered ? state::MemoryMode::kTiered : state::MemoryMode::kEvict;
+  s.memory = meta.memory;
   nlohmann::json extra = nlohmann::json::object();
   extra["report"] = nlohmann::json::parse(compression::ReportToJson(meta.last_report));
   nlohmann::json messages = nlohmann::json::array();
@@ -263,7 +263,7 @@ absl::StatusOr<SessionMeta> MetaFromManifest(const state::SessionManifest &manif
   SessionMeta m;
   m.id = s.id;
   m.tenant = s.tenant;
-  m.memory = s.memory == state::MemoryMode::kTiered ? MemoryMode::kTiered : MemoryMode::kEvict;
+  m.memory = s.memory;
   const nlohmann::json &extra = s.compression_config;
   if (!extra.is_object() || !extra.contains("report")) {
     return absl::DataLossError(absl::StrCat("session ", s.id, ": saved metadata has no compression report"));

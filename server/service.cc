@@ -570,8 +570,7 @@ absl::Status EchoKvService::AcquireStream(const std::string& tenant) {
   absl::Status s = slots_.Acquire(tenant, cap);
   if (!s.ok()) {
     if (metrics_ != nullptr) {
-      metrics_->OnSessionRejected(absl::StartsWith(s.message(), "max_streams") ? "max_streams"
-                                                                               : "max_concurrent_streams");
+      metrics_->OnSessionRejected(ErrorInfoOf(s).limit);  // max_concurrent_streams or the tenant's max_streams
     }
     return s;
   }
@@ -658,7 +657,7 @@ EchoKvService::Stream* EchoKvService::CreateSession(grpc::CallbackServerContext*
   if (request->compression().has_memory()) {
     absl::StatusOr<MemoryMode> memory = ParseMemoryMode(request->compression().memory());
     if (!memory.ok()) {
-      reactor->Close(absl::InvalidArgumentError(absl::StrCat("compression.", memory.status().message())));
+      reactor->Close(WithFieldPrefix(memory.status(), "compression.", "compression"));
       return reactor;
     }
     req.memory = *memory;

@@ -11,25 +11,16 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/echo.h"
+#include "common/errors.h"
 #include "server/state/session_id.h"
 
 namespace echokv::server {
 
-absl::string_view MemoryModeName(MemoryMode mode) {
-  switch (mode) {
-    case MemoryMode::kTiered:
-      return "tiered";
-    case MemoryMode::kEvict:
-      return "evict";
-  }
-  return "evict";
-}
-
 absl::StatusOr<MemoryMode> ParseMemoryMode(absl::string_view name) {
   if (name == "tiered") return MemoryMode::kTiered;
   if (name == "evict") return MemoryMode::kEvict;
-  return absl::InvalidArgumentError(
-      absl::StrCat("memory: unknown mode ", EchoPrefix(name), "; one of tiered, evict"));
+  return MakeError(ErrorKind::kInvalidArgument, "memory",
+                   absl::StrCat("memory: unknown mode ", EchoPrefix(name), "; one of tiered, evict"));
 }
 
 absl::Status SessionLimits::Validate() const {
@@ -40,16 +31,25 @@ absl::Status SessionLimits::Validate() const {
 }
 
 absl::Status SessionNotFound(absl::string_view id) {
-  return absl::NotFoundError(
-      absl::StrCat("session ", EscapedIdPrefix(id), " not found (unknown, deleted or expired)"));
+  return MakeError(ErrorKind::kNotFound, "session_id",
+                   absl::StrCat("session ", EscapedIdPrefix(id), " not found (unknown, deleted or expired)"));
+}
+
+absl::Status MalformedSessionId(absl::string_view id, absl::string_view field) {
+  return MakeError(ErrorKind::kInvalidArgument, field, absl::StrCat(field, " ", EscapedIdPrefix(id), " is malformed"));
 }
 
 namespace {
 
+absl::Status AlreadyExists(absl::string_view id) {
+  return MakeError(ErrorKind::kAlreadyExists, "session_id", absl::StrCat("session ", EscapedIdPrefix(id), " already exists"));
+}
+
 absl::Status Busy(absl::string_view id) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "session ", EscapedIdPrefix(id),
-      " is busy: another mutation (append, generate with commit, delete) is in progress; retry when it finishes"));
+  return MakeError(ErrorKind::kBusy, "session_id",
+                   absl::StrCat("session ", EscapedIdPrefix(id),
+                                " is busy: another mutation (append, generate with commit, delete) is in progress; "
+                                "retry when it finishes"));
 }
 
 
@@ -132,18 +132,18 @@ void SessionStore::AccountLocked(const std::string& tenant, int sessions, int64_
 
 absl::Status SessionStore::CheckLimitsLocked(const std::string& tenant, int extra_sessions, int64_t hot_delta,
                                              int64_t cold_memory_delta) const {
-  const int live = static_cast<int>(sessions_.size() + reservations_.size());
+  const int live = static_cast<int>(sessions_.size()) + reserved_sessions_;
   if (extra_sessions > 0 && live + extra_sessions > limits_.max_sessions) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("max_sessions (", limits_.max_sessions, ") reached; delete a session first"));
+    return LimitError("max_sessions",
+                      absl::StrCat("max_sessions (", limits_.max_sessions, ") reached; delete a session first"));
   }
   if (hot_delta > 0 && hot_bytes_ + hot_delta > limits_.max_kv_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("max_kv_bytes (", limits_.max_kv_bytes,
-                                                     ") would be exceeded: sessions hold ", hot_bytes_,
-                                                     " bytes and this needs ", hot_delta, " more"));
+    return LimitError("max_kv_bytes", absl::StrCat("max_kv_bytes (", limits_.max_kv_bytes,
+                                                   ") would be exceeded: sessions hold ", hot_bytes_,
+                                                   " bytes and this needs ", hot_delta, " more"));
   }
   if (cold_memory_delta > 0 && cold_memory_bytes_ + cold_memory_delta > limits_.max_cold_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return LimitError("max_cold_bytes", absl::StrCat(
         "max_cold_bytes (", limits_.max_cold_bytes, ") would be exceeded: cold tiers in memory hold ",
         cold_memory_bytes_, " bytes and this needs ", cold_memory_delta, " more"));
   }
@@ -154,17 +154,17 @@ absl::Status SessionStore::CheckLimitsLocked(const std::string& tenant, int extr
   const TenantUsage used = u == usage_.end() ? TenantUsage{} : u->second;
   const std::string whose = absl::StrCat(" for tenant ", EscapedIdPrefix(tenant), ")");
   if (quota.max_sessions > 0 && extra_sessions > 0 && used.sessions + extra_sessions > quota.max_sessions) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("max_sessions (", quota.max_sessions, whose, " reached; delete a session first"));
+    return LimitError("max_sessions",
+                      absl::StrCat("max_sessions (", quota.max_sessions, whose, " reached; delete a session first"));
   }
   if (quota.max_kv_bytes > 0 && hot_delta > 0 && used.hot_bytes + hot_delta > quota.max_kv_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("max_kv_bytes (", quota.max_kv_bytes, whose,
-                                                     " would be exceeded: this tenant's sessions hold ",
-                                                     used.hot_bytes, " bytes and this needs ", hot_delta, " more"));
+    return LimitError("max_kv_bytes", absl::StrCat("max_kv_bytes (", quota.max_kv_bytes, whose,
+                                                   " would be exceeded: this tenant's sessions hold ",
+                                                   used.hot_bytes, " bytes and this needs ", hot_delta, " more"));
   }
   if (quota.max_cold_bytes > 0 && cold_memory_delta > 0 &&
       used.cold_memory_bytes + cold_memory_delta > quota.max_cold_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return LimitError("max_cold_bytes", absl::StrCat(
         "max_cold_bytes (", quota.max_cold_bytes, whose, " would be exceeded: this tenant's cold tiers in memory hold ",
         used.cold_memory_bytes, " bytes and this needs ", cold_memory_delta, " more"));
   }
@@ -174,7 +174,7 @@ absl::Status SessionStore::CheckLimitsLocked(const std::string& tenant, int extr
 bool SessionStore::IdTakenLocked(const std::string& id) const {
   if (sessions_.contains(id)) return true;
   for (const auto& [ticket, r] : reservations_) {
-    if (r.id == id) return true;
+    if (r.session && r.id == id) return true;
   }
   return false;
 }
@@ -199,7 +199,19 @@ absl::StatusOr<SessionStore::Reservation> SessionStore::Reserve(const std::strin
   if (absl::Status s = CheckLimitsLocked(tenant, 1, hot_bytes, cold_mem); !s.ok()) return s;
   Reservation r{next_ticket_++, *id, tenant, hot_bytes, cold_bytes, cold_in_memory};
   reservations_.emplace(r.ticket, r);
+  ++reserved_sessions_;
   AccountLocked(tenant, 1, hot_bytes, cold_mem);
+  return r;
+}
+
+absl::StatusOr<SessionStore::Reservation> SessionStore::ReserveBytes(const std::string& tenant, int64_t hot_bytes,
+                                                                     int64_t cold_bytes, bool cold_in_memory) {
+  absl::MutexLock lock(&mu_);
+  const int64_t cold_mem = cold_in_memory ? cold_bytes : 0;
+  if (absl::Status s = CheckLimitsLocked(tenant, 0, hot_bytes, cold_mem); !s.ok()) return s;
+  Reservation r{next_ticket_++, "", tenant, hot_bytes, cold_bytes, cold_in_memory, /*session=*/false};
+  reservations_.emplace(r.ticket, r);
+  AccountLocked(tenant, 0, hot_bytes, cold_mem);
   return r;
 }
 
@@ -208,15 +220,15 @@ absl::StatusOr<SessionStore::Reservation> SessionStore::ReserveId(const std::str
                                                                   bool cold_in_memory) {
   absl::MutexLock lock(&mu_);
   if (!IsValidSessionId(id)) {
-    return absl::InvalidArgumentError(absl::StrCat("session id ", EscapedIdPrefix(id), " is malformed"));
+    return MakeError(ErrorKind::kInvalidArgument, "session_id",
+                     absl::StrCat("session id ", EscapedIdPrefix(id), " is malformed"));
   }
-  if (IdTakenLocked(id)) {
-    return absl::AlreadyExistsError(absl::StrCat("session ", EscapedIdPrefix(id), " already exists"));
-  }
+  if (IdTakenLocked(id)) return AlreadyExists(id);
   const int64_t cold_mem = cold_in_memory ? cold_bytes : 0;
   if (absl::Status s = CheckLimitsLocked(tenant, 1, hot_bytes, cold_mem); !s.ok()) return s;
   Reservation r{next_ticket_++, id, tenant, hot_bytes, cold_bytes, cold_in_memory};
   reservations_.emplace(r.ticket, r);
+  ++reserved_sessions_;
   AccountLocked(tenant, 1, hot_bytes, cold_mem);
   return r;
 }
@@ -228,7 +240,7 @@ absl::StatusOr<SessionStore::Reservation> SessionStore::ReserveImportedId(const 
   if (IsValidSessionId(id) && !IdIssuedTo(id, tenant)) {
     // Word for word what ReserveId answers for a taken id, whether or not the id is
     // live for someone else: the answer depends on the id and the caller only.
-    return absl::AlreadyExistsError(absl::StrCat("session ", EscapedIdPrefix(id), " already exists"));
+    return AlreadyExists(id);
   }
   return ReserveId(id, tenant, hot_bytes, cold_bytes, cold_in_memory);
 }
@@ -238,17 +250,19 @@ void SessionStore::Unreserve(const Reservation& r) {
   auto it = reservations_.find(r.ticket);
   if (it == reservations_.end()) return;
   const Reservation& held = it->second;
-  AccountLocked(held.tenant, -1, -held.hot_bytes, held.cold_in_memory ? -held.cold_bytes : 0);
+  AccountLocked(held.tenant, held.session ? -1 : 0, -held.hot_bytes, held.cold_in_memory ? -held.cold_bytes : 0);
+  if (held.session) --reserved_sessions_;
   reservations_.erase(it);
 }
 
 absl::Status SessionStore::Insert(const Reservation& r, SessionMeta meta, std::shared_ptr<SessionData> data) {
   absl::MutexLock lock(&mu_);
   auto it = reservations_.find(r.ticket);
-  if (it == reservations_.end()) return absl::InternalError("session reservation not found");
+  if (it == reservations_.end() || !it->second.session) return absl::InternalError("session reservation not found");
   const Reservation held = it->second;
   // Release the estimate, then admit the exact bytes.
   reservations_.erase(it);
+  --reserved_sessions_;
   AccountLocked(held.tenant, -1, -held.hot_bytes, held.cold_in_memory ? -held.cold_bytes : 0);
   const int64_t cold_mem = meta.cold_in_memory ? meta.cold_bytes : 0;
   if (absl::Status s = CheckLimitsLocked(held.tenant, 0, meta.hot_bytes, cold_mem); !s.ok()) return s;
@@ -412,7 +426,7 @@ StoreTotals SessionStore::Totals() const {
   absl::MutexLock lock(&mu_);
   StoreTotals t;
   t.sessions = static_cast<int>(sessions_.size());
-  t.reserved = static_cast<int>(reservations_.size());
+  t.reserved = reserved_sessions_;
   t.hot_bytes = hot_bytes_;
   t.cold_memory_bytes = cold_memory_bytes_;
   for (const auto& [id, e] : sessions_) {
@@ -429,7 +443,7 @@ StoreTotals SessionStore::TotalsOf(const std::string& tenant) const {
     t.hot_bytes = it->second.hot_bytes;
     t.cold_memory_bytes = it->second.cold_memory_bytes;
   }
-  for (const auto& [ticket, r] : reservations_) t.reserved += r.tenant == tenant ? 1 : 0;
+  for (const auto& [ticket, r] : reservations_) t.reserved += r.session && r.tenant == tenant ? 1 : 0;
   for (const auto& [id, e] : sessions_) {
     if (e.meta.tenant != tenant) continue;
     ++t.sessions;

@@ -29,16 +29,18 @@
 #include "compression/report.h"
 #include "model/chat_template.h"
 #include "server/clock.h"
+#include "server/state/types.h"
 #include "server/tenant_quota.h"
 
 namespace echokv::server {
 
 struct SessionData;  // the session's tensors (session_data.h); opaque here
 
-// docs/SESSION_MEMORY.md: "tiered" keeps the exact cold history behind the compact cache;
-// "evict" re-compresses retained + new (docs/ALGORITHM.md §6).
-enum class MemoryMode { kTiered, kEvict };
-absl::string_view MemoryModeName(MemoryMode mode);          // "tiered", "evict"
+// The one MemoryMode (server/state/types.h, the lower layer): "tiered" keeps the exact
+// cold history behind the compact cache; "evict" re-compresses retained + new.
+using MemoryMode = state::MemoryMode;
+using state::MemoryModeName;                                 // "tiered", "evict"
+// A request's memory mode: INVALID_ARGUMENT (field "memory") naming the two.
 absl::StatusOr<MemoryMode> ParseMemoryMode(absl::string_view name);
 
 struct SessionLimits {
@@ -80,7 +82,7 @@ struct TenantUsage {
 // Totals over live sessions (ServerInfo, metrics).
 struct StoreTotals {
   int sessions = 0;
-  int reserved = 0;            // creations admitted, not finished
+  int reserved = 0;            // creations admitted, not finished (not a job's bytes-only reservation)
   int64_t hot_bytes = 0;       // live + reserved
   int64_t cold_bytes = 0;      // every session's cold tier (memory or disk)
   int64_t cold_memory_bytes = 0;  // live + reserved, held in memory
@@ -99,19 +101,26 @@ class SessionStore {
   TenantUsage UsageOf(const std::string& tenant) const;
 
   // Admission of a new session (create, fork, import, restore): a slot, the byte
-  // estimates and a fresh unique id. RESOURCE_EXHAUSTED naming max_sessions,
-  // max_kv_bytes or max_cold_bytes (the server's, or "(N for tenant 'x')" for the
-  // tenant's quota). `cold_in_memory` says whether cold_bytes count.
+  // estimates and a fresh unique id. RESOURCE_EXHAUSTED, kind kLimitReached with the
+  // limit max_sessions, max_kv_bytes or max_cold_bytes (the server's, or "(N for tenant
+  // 'x')" in the message for the tenant's quota: same limit name). `cold_in_memory`
+  // says whether cold_bytes count. The engine calls these only from its one admission
+  // point (Engine::Impl::Admit, engine_admit.cc).
   struct Reservation {
     uint64_t ticket = 0;
-    std::string id;
+    std::string id;              // "" for a bytes-only reservation
     std::string tenant;
     int64_t hot_bytes = 0;
     int64_t cold_bytes = 0;
     bool cold_in_memory = false;
+    bool session = true;         // false: ReserveBytes (no session slot, never Insert-ed)
   };
   absl::StatusOr<Reservation> Reserve(const std::string& tenant, int64_t hot_bytes, int64_t cold_bytes,
                                       bool cold_in_memory);
+  // The bytes of a job that creates no session (Compress) while it runs, under the same
+  // limits and quotas but without a session slot; Unreserve when it ends.
+  absl::StatusOr<Reservation> ReserveBytes(const std::string& tenant, int64_t hot_bytes, int64_t cold_bytes,
+                                           bool cold_in_memory);
   // The same with a given id (restore after a restart, import keeping its id):
   // ALREADY_EXISTS when taken.
   absl::StatusOr<Reservation> ReserveId(const std::string& id, const std::string& tenant, int64_t hot_bytes,
@@ -185,6 +194,7 @@ class SessionStore {
   absl::flat_hash_map<std::string, Entry> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Reservation> reservations_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  int reserved_sessions_ ABSL_GUARDED_BY(mu_) = 0;      // reservations_ with session = true
   int64_t hot_bytes_ ABSL_GUARDED_BY(mu_) = 0;          // live + reserved
   int64_t cold_memory_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // live + reserved, in memory
   absl::flat_hash_map<std::string, TenantUsage> usage_ ABSL_GUARDED_BY(mu_);   // tenants holding anything
@@ -192,8 +202,10 @@ class SessionStore {
 };
 
 // The NOT_FOUND every session lookup returns (never says whether the id exists for
-// another tenant). Only a short prefix of the id is echoed.
+// another tenant). Only a short prefix of the id is echoed. Kind kNotFound, field session_id.
 absl::Status SessionNotFound(absl::string_view id);
+// INVALID_ARGUMENT "<field> '<prefix>' is malformed" (kind kInvalidArgument, `field`).
+absl::Status MalformedSessionId(absl::string_view id, absl::string_view field = "session_id");
 
 // 128 bits from the OS CSPRNG (getrandom) as 32 lowercase hex characters.
 absl::StatusOr<std::string> RandomHex128();

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/errors.h"
 #include "server/session_store.h"
 
 namespace echokv::server {
@@ -13,15 +14,14 @@ StreamSlots::StreamSlots(int max_streams, int reserve)
 absl::Status StreamSlots::Acquire(const std::string& tenant, int tenant_cap) {
   absl::MutexLock lock(&mu_);
   if (in_flight_ >= max_streams_) {
-    return absl::ResourceExhaustedError(absl::StrCat("max_concurrent_streams (", max_streams_,
-                                                     ") reached: too many streaming calls in flight; retry later"));
+    return LimitError("max_concurrent_streams", absl::StrCat("max_concurrent_streams (", max_streams_,
+                                                             ") reached: too many streaming calls in flight; retry later"));
   }
   auto it = held_.find(tenant);
   const int held = it == held_.end() ? 0 : it->second;
   if (tenant_cap > 0 && held >= tenant_cap) {
-    return absl::ResourceExhaustedError(absl::StrCat("max_streams (", tenant_cap, " for tenant ",
-                                                     EscapedIdPrefix(tenant),
-                                                     ") reached: this tenant's streaming calls are all in flight"));
+    return LimitError("max_streams", absl::StrCat("max_streams (", tenant_cap, " for tenant ", EscapedIdPrefix(tenant),
+                                                  ") reached: this tenant's streaming calls are all in flight"));
   }
   const int free = max_streams_ - in_flight_;
   // Tenants sharing the slots, T included, and never fewer than 2: a tenant alone
@@ -29,7 +29,7 @@ absl::Status StreamSlots::Acquire(const std::string& tenant, int tenant_cap) {
   const int active = std::max(2, static_cast<int>(held_.size()) + (held == 0 ? 1 : 0));
   const int fair = std::max(1, max_streams_ / active);
   if (free <= reserve_ && held >= fair) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return LimitError("max_concurrent_streams", absl::StrCat(
         "max_concurrent_streams (", max_streams_, "): the last ", reserve_,
         " slots are kept for tenants below their fair share (", fair, ") and this tenant holds ", held,
         "; retry later"));

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/errors.h"
 #include "common/status_macros.h"
 #include "kernels/score.h"
 
@@ -38,7 +39,7 @@ TurnJob::TurnJob(const model::Transformer* model, TurnSpec spec) : model_(model)
 TurnJob::~TurnJob() { Abort(); }
 
 absl::StatusOr<std::unique_ptr<TurnJob>> TurnJob::Start(const model::Transformer* model, TurnSpec spec) {
-  if (spec.tokens.empty()) return absl::InvalidArgumentError("input: at least one token is required");
+  if (spec.tokens.empty()) return MakeError(ErrorKind::kInvalidArgument, "input", "input: at least one token is required");
   if (spec.prefill_chunk < 1) return absl::InvalidArgumentError("prefill_chunk must be >= 1");
   ECHOKV_RETURN_IF_ERROR(spec.config.Validate());
   const bool on_session = spec.kind == TurnKind::kAppend || spec.kind == TurnKind::kCommit;
