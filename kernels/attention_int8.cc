@@ -1,0 +1,270 @@
+#include "kernels/attention_int8.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu_isa.h"
+#include "kernels/kv_quant.h"
+#include "kernels/softmax.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define ECHOKV_INT8_X86 1
+#endif
+
+namespace echokv::kernels {
+namespace {
+
+// Entries per block of scores: every head of the group scores the block while its keys
+// are in L1 (64 keys of d = 64 are 4 KiB), as the float32 decode path does.
+constexpr int64_t kKeyBlock = 64;
+
+// One group's query heads in int8: q^ (signed), |q^| (the unsigned operand of
+// maddubs) and c = scale * s_q per head.
+struct QueryInt8 {
+  std::vector<int8_t> q, abs_q;
+  std::vector<float> c;
+};
+
+void QuantizeQueries(const DecodeAttentionInt8Args& a, int64_t h0, int64_t r, QueryInt8* out) {
+  const int64_t d = a.head_dim;
+  out->q.resize(r * d);
+  out->abs_q.resize(r * d);
+  out->c.resize(r);
+  for (int64_t h = 0; h < r; ++h) {
+    float s;
+    QuantizeRowsInt8(a.q + (h0 + h) * a.q_head_stride, 1, d, out->q.data() + h * d, &s);
+    out->c[h] = a.scale * s;
+    for (int64_t i = 0; i < d; ++i) out->abs_q[h * d + i] = static_cast<int8_t>(std::abs(out->q[h * d + i]));
+  }
+}
+
+// scores[j] = float(q^ . k^_j) * (k_scales[j] * c) for m entries.
+void ScoresScalar(const int8_t* q, float c, const int8_t* keys, const float* k_scales, int64_t m, int64_t d,
+                  float* scores) {
+  for (int64_t j = 0; j < m; ++j) {
+    const int8_t* k = keys + j * d;
+    int32_t dot = 0;
+    for (int64_t i = 0; i < d; ++i) dot += static_cast<int32_t>(q[i]) * static_cast<int32_t>(k[i]);
+    scores[j] = static_cast<float>(dot) * (k_scales[j] * c);
+  }
+}
+
+// out[c] = sum_j w[j] * float(values[j * d + c]), one fma per entry in entry order.
+void WeightedSumScalar(const float* w, const int8_t* values, int64_t n, int64_t d, float* out) {
+  for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    const int8_t* v = values + j * d;
+    for (int64_t i = 0; i < d; ++i) out[i] = std::fma(w[j], static_cast<float>(v[i]), out[i]);
+  }
+}
+
+#if defined(ECHOKV_INT8_X86)
+#define ECHOKV_AVX2 __attribute__((target("avx2,fma")))
+
+// The int32 sum of each of 8 vectors, as one vector (sums[t] = sum of acc[t]'s lanes).
+ECHOKV_AVX2 inline __m256i Reduce8(const __m256i* acc) {
+  const __m256i s01 = _mm256_hadd_epi32(acc[0], acc[1]);
+  const __m256i s23 = _mm256_hadd_epi32(acc[2], acc[3]);
+  const __m256i s45 = _mm256_hadd_epi32(acc[4], acc[5]);
+  const __m256i s67 = _mm256_hadd_epi32(acc[6], acc[7]);
+  const __m256i t0 = _mm256_hadd_epi32(s01, s23);  // [0123 of a0..a3 | 4567 of a0..a3]
+  const __m256i t1 = _mm256_hadd_epi32(s45, s67);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20), _mm256_permute2x128_si256(t0, t1, 0x31));
+}
+
+// q^ . k^ of one key over kVecs chunks of 32 channels, as 8 int32 partial sums:
+// maddubs(|q^|, sign(k^, q^)) = pairs of q^_c k^_c in int16 (|.| <= 2 * 127^2, no
+// saturation), madd with ones widens them to int32.
+template <int kVecs>
+ECHOKV_AVX2 inline __m256i DotChunks(const __m256i* qa, const __m256i* qs, const int8_t* k) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc = _mm256_setzero_si256();
+  for (int i = 0; i < kVecs; ++i) {
+    const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + 32 * i));
+    const __m256i prod = _mm256_maddubs_epi16(qa[i], _mm256_sign_epi8(kv, qs[i]));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(prod, ones));
+  }
+  return acc;
+}
+
+template <int kVecs>
+ECHOKV_AVX2 void ScoresAvx2Fixed(const int8_t* q, const int8_t* abs_q, float c, const int8_t* keys,
+                                 const float* k_scales, int64_t m, float* scores) {
+  constexpr int64_t d = 32 * kVecs;
+  __m256i qa[kVecs], qs[kVecs];
+  for (int i = 0; i < kVecs; ++i) {
+    qa[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(abs_q + 32 * i));
+    qs[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * i));
+  }
+  const __m256 cv = _mm256_set1_ps(c);
+  int64_t j = 0;
+  for (; j + 8 <= m; j += 8) {
+    __m256i acc[8];
+    for (int t = 0; t < 8; ++t) acc[t] = DotChunks<kVecs>(qa, qs, keys + (j + t) * d);
+    const __m256 dots = _mm256_cvtepi32_ps(Reduce8(acc));
+    const __m256 ks = _mm256_mul_ps(_mm256_loadu_ps(k_scales + j), cv);
+    _mm256_storeu_ps(scores + j, _mm256_mul_ps(dots, ks));
+  }
+  for (; j < m; ++j) {
+    const __m256i acc = DotChunks<kVecs>(qa, qs, keys + j * d);
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+    int32_t dot = 0;
+    for (int t = 0; t < 8; ++t) dot += lanes[t];
+    scores[j] = static_cast<float>(dot) * (k_scales[j] * c);
+  }
+}
+
+ECHOKV_AVX2 void ScoresAvx2(const int8_t* q, const int8_t* abs_q, float c, const int8_t* keys,
+                            const float* k_scales, int64_t m, int64_t d, float* scores) {
+  switch (d) {
+    case 32:
+      return ScoresAvx2Fixed<1>(q, abs_q, c, keys, k_scales, m, scores);
+    case 64:
+      return ScoresAvx2Fixed<2>(q, abs_q, c, keys, k_scales, m, scores);
+    case 128:
+      return ScoresAvx2Fixed<4>(q, abs_q, c, keys, k_scales, m, scores);
+    case 256:
+      return ScoresAvx2Fixed<8>(q, abs_q, c, keys, k_scales, m, scores);
+  }
+  return ScoresScalar(q, c, keys, k_scales, m, d, scores);
+}
+
+// Channels [c0, c0 + 8 kVecs) of the weighted sum: 8 kVecs float accumulators, each
+// entry's int8 row widened to float in registers (vpmovsxbd + vcvtdq2ps) and FMA'd.
+template <int kVecs>
+ECHOKV_AVX2 void WeightedSumAvx2Chunk(const float* w, const int8_t* values, int64_t n, int64_t d, float* out) {
+  __m256 acc[kVecs];
+  for (int i = 0; i < kVecs; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const __m256 wj = _mm256_broadcast_ss(w + j);
+    const int8_t* v = values + j * d;
+    for (int i = 0; i < kVecs; ++i) {
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + 8 * i));
+      acc[i] = _mm256_fmadd_ps(wj, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), acc[i]);
+    }
+  }
+  for (int i = 0; i < kVecs; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
+}
+
+ECHOKV_AVX2 void WeightedSumAvx2(const float* w, const int8_t* values, int64_t n, int64_t d, float* out) {
+  // 64 channels (8 accumulators) at a time; d % 32 == 0 here.
+  int64_t c0 = 0;
+  for (; c0 + 64 <= d; c0 += 64) WeightedSumAvx2Chunk<8>(w, values + c0, n, d, out + c0);
+  if (c0 < d) WeightedSumAvx2Chunk<4>(w, values + c0, n, d, out + c0);
+}
+#endif  // ECHOKV_INT8_X86
+
+enum class Isa { kScalar, kAvx2 };
+
+bool Supported(Isa isa) {
+#if defined(ECHOKV_INT8_X86)
+  if (isa == Isa::kAvx2) return CpuRunsIsa("avx2");
+#endif
+  return isa == Isa::kScalar;
+}
+
+Isa Best() { return Supported(Isa::kAvx2) ? Isa::kAvx2 : Isa::kScalar; }
+
+std::atomic<Isa>& Current() {
+  static std::atomic<Isa> isa = [] {
+    const char* env = std::getenv("ECHOKV_ATTENTION_INT8_ISA");
+    if (env != nullptr && std::strcmp(env, "scalar") == 0) return Isa::kScalar;
+    return Best();
+  }();
+  return isa;
+}
+
+void RunGroup(const DecodeAttentionInt8Args& a, int64_t g, Isa isa) {
+  const int64_t d = a.head_dim, n = a.n, r = a.num_heads / a.num_kv_heads, h0 = g * r;
+  const bool avx2 = isa == Isa::kAvx2 && d % 32 == 0;
+  const int8_t* keys = a.k + g * a.kv_group_stride;
+  const int8_t* values = a.v + g * a.kv_group_stride;
+  const float* k_scales = a.k_scales + g * a.scale_group_stride;
+  const float* v_scales = a.v_scales + g * a.scale_group_stride;
+  thread_local QueryInt8 query;
+  thread_local std::vector<float> scores_buffer;
+  QuantizeQueries(a, h0, r, &query);
+  if (static_cast<int64_t>(scores_buffer.size()) < r * n) scores_buffer.resize(r * n);
+  float* scores = scores_buffer.data();
+  for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
+    const int64_t m = std::min(kKeyBlock, n - j0);
+    for (int64_t h = 0; h < r; ++h) {
+      const int8_t* q = query.q.data() + h * d;
+      float* s = scores + h * n + j0;
+#if defined(ECHOKV_INT8_X86)
+      if (avx2) {
+        ScoresAvx2(q, query.abs_q.data() + h * d, query.c[h], keys + j0 * d, k_scales + j0, m, d, s);
+        continue;
+      }
+#endif
+      ScoresScalar(q, query.c[h], keys + j0 * d, k_scales + j0, m, d, s);
+    }
+  }
+  const int64_t* kpos = a.key_positions != nullptr ? a.key_positions[g] : nullptr;
+  for (int64_t h = 0; h < r; ++h) {
+    float* s = scores + h * n;
+    float* out = a.out + (h0 + h) * a.out_head_stride;
+    if (kpos != nullptr) {
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t kp = kpos[j];
+        if (kp > a.q_position || (a.sliding_window > 0 && a.q_position - kp >= a.sliding_window)) {
+          s[j] = -std::numeric_limits<float>::infinity();
+        }
+      }
+    }
+    const float mx = MaxOf(s, n);
+    if (n == 0 || mx == -std::numeric_limits<float>::infinity()) {
+      std::fill(out, out + d, 0.0f);
+      continue;
+    }
+    const float den = ExpShiftSum(s, n, mx);  // masked scores (-inf) give 0
+    ScaleInPlace(s, n, 1.0f / den);
+    for (int64_t j = 0; j < n; ++j) s[j] *= v_scales[j];  // w_j = p_j * s_v[j]
+#if defined(ECHOKV_INT8_X86)
+    if (avx2) {
+      WeightedSumAvx2(s, values, n, d, out);
+      continue;
+    }
+#endif
+    WeightedSumScalar(s, values, n, d, out);
+  }
+}
+
+}  // namespace
+
+int64_t DecodeAttentionInt8WorkItems(const DecodeAttentionInt8Args& a) {
+  if (a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads != 0) return 0;
+  return a.num_kv_heads;
+}
+
+void DecodeAttentionInt8(const DecodeAttentionInt8Args& a, int64_t item_begin, int64_t item_end) {
+  const Isa isa = Current().load(std::memory_order_relaxed);
+  for (int64_t g = item_begin; g < item_end; ++g) RunGroup(a, g, isa);
+}
+
+std::string DecodeAttentionInt8Isa() { return Current().load() == Isa::kAvx2 ? "avx2" : "scalar"; }
+
+bool SetDecodeAttentionInt8Isa(const std::string& isa) {
+  Isa want;
+  if (isa == "auto") {
+    want = Best();
+  } else if (isa == "avx2") {
+    want = Isa::kAvx2;
+  } else if (isa == "scalar") {
+    want = Isa::kScalar;
+  } else {
+    return false;
+  }
+  if (!Supported(want)) return false;
+  Current().store(want);
+  return true;
+}
+
+}  // namespace echokv::kernels
