@@ -31,27 +31,37 @@ struct QueryInt8 {
   std::vector<float> c;
 };
 
-void QuantizeQueries(const DecodeAttentionInt8Args& a, int64_t h0, int64_t r, QueryInt8* out) {
-  const int64_t d = a.head_dim;
+// Quantizes r query heads (head h at q + h * stride), each scaled channel-wise by
+// `channel_scales` first when that is not nullptr (keys per channel block).
+void QuantizeQueries(const float* q, int64_t stride, int64_t r, int64_t d, float scale, const float* channel_scales,
+                     QueryInt8* out) {
   out->q.resize(r * d);
   out->abs_q.resize(r * d);
   out->c.resize(r);
+  thread_local std::vector<float> scaled;
+  scaled.resize(d);
   for (int64_t h = 0; h < r; ++h) {
+    const float* qh = q + h * stride;
+    if (channel_scales != nullptr) {
+      for (int64_t i = 0; i < d; ++i) scaled[i] = qh[i] * channel_scales[i];
+      qh = scaled.data();
+    }
     float s;
-    QuantizeRowsInt8(a.q + (h0 + h) * a.q_head_stride, 1, d, out->q.data() + h * d, &s);
-    out->c[h] = a.scale * s;
+    QuantizeRowsInt8(qh, 1, d, out->q.data() + h * d, &s);
+    out->c[h] = scale * s;
     for (int64_t i = 0; i < d; ++i) out->abs_q[h * d + i] = static_cast<int8_t>(std::abs(out->q[h * d + i]));
   }
 }
 
-// scores[j] = float(q^ . k^_j) * (k_scales[j] * c) for m entries.
+// scores[j] = float(q^ . k^_j) * (k_scales[j] * c) for m entries (* c when k_scales is
+// nullptr: keys scaled per channel block, the scales folded into the query).
 void ScoresScalar(const int8_t* q, float c, const int8_t* keys, const float* k_scales, int64_t m, int64_t d,
                   float* scores) {
   for (int64_t j = 0; j < m; ++j) {
     const int8_t* k = keys + j * d;
     int32_t dot = 0;
     for (int64_t i = 0; i < d; ++i) dot += static_cast<int32_t>(q[i]) * static_cast<int32_t>(k[i]);
-    scores[j] = static_cast<float>(dot) * (k_scales[j] * c);
+    scores[j] = static_cast<float>(dot) * (k_scales != nullptr ? k_scales[j] * c : c);
   }
 }
 
@@ -108,7 +118,7 @@ ECHOKV_AVX2 void ScoresAvx2Fixed(const int8_t* q, const int8_t* abs_q, float c, 
     __m256i acc[8];
     for (int t = 0; t < 8; ++t) acc[t] = DotChunks<kVecs>(qa, qs, keys + (j + t) * d);
     const __m256 dots = _mm256_cvtepi32_ps(Reduce8(acc));
-    const __m256 ks = _mm256_mul_ps(_mm256_loadu_ps(k_scales + j), cv);
+    const __m256 ks = k_scales != nullptr ? _mm256_mul_ps(_mm256_loadu_ps(k_scales + j), cv) : cv;
     _mm256_storeu_ps(scores + j, _mm256_mul_ps(dots, ks));
   }
   for (; j < m; ++j) {
@@ -117,7 +127,7 @@ ECHOKV_AVX2 void ScoresAvx2Fixed(const int8_t* q, const int8_t* abs_q, float c, 
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
     int32_t dot = 0;
     for (int t = 0; t < 8; ++t) dot += lanes[t];
-    scores[j] = static_cast<float>(dot) * (k_scales[j] * c);
+    scores[j] = static_cast<float>(dot) * (k_scales != nullptr ? k_scales[j] * c : c);
   }
 }
 
@@ -186,25 +196,31 @@ void RunGroup(const DecodeAttentionInt8Args& a, int64_t g, Isa isa) {
   const bool avx2 = isa == Isa::kAvx2 && d % 32 == 0;
   const int8_t* keys = a.k + g * a.kv_group_stride;
   const int8_t* values = a.v + g * a.kv_group_stride;
-  const float* k_scales = a.k_scales + g * a.scale_group_stride;
-  const float* v_scales = a.v_scales + g * a.scale_group_stride;
+  const float* k_scales = a.k_scales + g * a.k_scale_group_stride;
+  const float* v_scales = a.v_scales + g * a.v_scale_group_stride;
+  const bool per_channel = a.key_scaling == Int8KeyScaling::kPerChannelBlock;
+  const float* q0 = a.q + h0 * a.q_head_stride;
   thread_local QueryInt8 query;
   thread_local std::vector<float> scores_buffer;
-  QuantizeQueries(a, h0, r, &query);
+  if (!per_channel) QuantizeQueries(q0, a.q_head_stride, r, d, a.scale, nullptr, &query);
   if (static_cast<int64_t>(scores_buffer.size()) < r * n) scores_buffer.resize(r * n);
   float* scores = scores_buffer.data();
+  static_assert(kKeyBlock == kInt8KeyBlock, "a block of scores is one block of per-channel key scales");
   for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
     const int64_t m = std::min(kKeyBlock, n - j0);
+    // Per channel block: this block's query, the key scales folded in.
+    if (per_channel) QuantizeQueries(q0, a.q_head_stride, r, d, a.scale, k_scales + (j0 / kKeyBlock) * d, &query);
+    const float* ks = per_channel ? nullptr : k_scales + j0;
     for (int64_t h = 0; h < r; ++h) {
       const int8_t* q = query.q.data() + h * d;
       float* s = scores + h * n + j0;
 #if defined(ECHOKV_INT8_X86)
       if (avx2) {
-        ScoresAvx2(q, query.abs_q.data() + h * d, query.c[h], keys + j0 * d, k_scales + j0, m, d, s);
+        ScoresAvx2(q, query.abs_q.data() + h * d, query.c[h], keys + j0 * d, ks, m, d, s);
         continue;
       }
 #endif
-      ScoresScalar(q, query.c[h], keys + j0 * d, k_scales + j0, m, d, s);
+      ScoresScalar(q, query.c[h], keys + j0 * d, ks, m, d, s);
     }
   }
   const int64_t* kpos = a.key_positions != nullptr ? a.key_positions[g] : nullptr;

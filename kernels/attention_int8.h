@@ -4,7 +4,8 @@
 // group with all of its H/G query heads, so each key and value row is read by one
 // thread for its heads.
 //
-// Per head h and entry j (c = scale * s_q):
+// Per head h and entry j (c = scale * s_q; keys per token, see Int8KeyScaling for the
+// per-channel variant):
 //   query   q^ = QuantizeRowsInt8(q_h) (per head, scale s_q): the integer dot products
 //           need both sides in int8;
 //   score_j = float(sum_c q^_c k^_jc) * (k_scales[j] * c)   (exact int32 dot product);
@@ -28,6 +29,14 @@
 
 namespace echokv::kernels {
 
+// How the keys are scaled (kernels/kv_quant.h): one scale per entry (QuantizeRowsInt8),
+// or one per channel over blocks of kInt8KeyBlock entries (QuantizeChannelBlocksInt8
+// with block kInt8KeyBlock, entry 0 starting block 0; the last block may be partial).
+// With channel blocks the query is scaled by the block's channel scales, then quantized
+// per block and head: score_j = float(q'^ . k^_j) * (scale * s_q'b).
+enum class Int8KeyScaling { kPerToken, kPerChannelBlock };
+constexpr int64_t kInt8KeyBlock = 64;
+
 struct DecodeAttentionInt8Args {
   int64_t num_heads = 0;     // H (query heads)
   int64_t num_kv_heads = 0;  // G (key/value groups); H % G == 0, head h reads group h / (H/G)
@@ -38,14 +47,17 @@ struct DecodeAttentionInt8Args {
   int64_t q_head_stride = 0;
   int64_t q_position = 0;
   // Keys and values, n entries per group: group g's entry j starts at
-  // k + g * kv_group_stride + j * d (same for v), its scales at
-  // k_scales[g * scale_group_stride + j] (same for v_scales).
+  // k + g * kv_group_stride + j * d (same for v). Value scales: v_scales[g *
+  // v_scale_group_stride + j]. Key scales: per token at k_scales[g * k_scale_group_stride
+  // + j]; per channel block at k_scales[g * k_scale_group_stride + (j / kInt8KeyBlock) * d + c].
+  Int8KeyScaling key_scaling = Int8KeyScaling::kPerToken;
   const int8_t* k = nullptr;
   const float* k_scales = nullptr;
   const int8_t* v = nullptr;
   const float* v_scales = nullptr;
   int64_t kv_group_stride = 0;
-  int64_t scale_group_stride = 0;
+  int64_t k_scale_group_stride = 0;
+  int64_t v_scale_group_stride = 0;
   int64_t n = 0;
   // key_positions[g] points at group g's n positions; the query sees key position kp
   // iff kp <= q_position and, with sliding_window > 0, q_position - kp < sliding_window.

@@ -4,7 +4,8 @@
 //     the kernel's float rounding differs (tolerance below, ~1e-6 relative);
 //  2. the float32 cache it was quantized from, with the bound the quantization steps
 //     give (derivation at QuantizationBound);
-// and the AVX2 build against the scalar one bit for bit. Shapes: head dims 64 and 128
+// and the AVX2 build against the scalar one bit for bit; keys per token and per channel
+// block (Int8KeyScaling). Shapes: head dims 64 and 128
 // (AVX2) and 8 (scalar fallback), GQA 1-4 heads per group, lengths 1 to 1,000 (ragged
 // edges of the 8-key and 64-key blocks), sliding windows and invisible entries, an
 // all-zero token, a single huge outlier key.
@@ -16,8 +17,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu_isa.h"
@@ -30,8 +33,15 @@ struct Cache {
   int64_t H = 0, G = 0, d = 0, n = 0, qpos = 0, window = 0;
   std::vector<float> q, k, v;              // float32 originals: q [H, d], k/v [G, n, d]
   std::vector<int8_t> kq, vq;              // [G, n, d]
-  std::vector<float> ks, vs;               // [G, n]
+  std::vector<float> ks, vs;               // [G, n]; ks [G, blocks, d] per channel block
   std::vector<std::vector<int64_t>> kpos;  // [G][n]
+  bool per_channel = false;                // keys per channel block (else per token)
+  int64_t KeyScaleStride() const { return per_channel ? Blocks() * d : n; }
+  int64_t Blocks() const { return (n + kInt8KeyBlock - 1) / kInt8KeyBlock; }
+  // Key j of group g's scale of channel i.
+  double KeyScale(int64_t g, int64_t j, int64_t i) const {
+    return per_channel ? ks[g * KeyScaleStride() + (j / kInt8KeyBlock) * d + i] : ks[g * n + j];
+  }
 };
 
 // Keys with outlier channels (a few 10x the rest, as real models' keys have), values
@@ -65,9 +75,16 @@ Cache MakeCache(int64_t H, int64_t G, int64_t d, int64_t n, uint32_t seed, float
 void Quantize(Cache& c) {
   c.kq.resize(c.G * c.n * c.d);
   c.vq.resize(c.G * c.n * c.d);
-  c.ks.resize(c.G * c.n);
+  c.ks.resize(c.G * c.KeyScaleStride());
   c.vs.resize(c.G * c.n);
-  QuantizeRowsInt8(c.k.data(), c.G * c.n, c.d, c.kq.data(), c.ks.data());
+  if (c.per_channel) {
+    for (int64_t g = 0; g < c.G; ++g) {
+      QuantizeChannelBlocksInt8(c.k.data() + g * c.n * c.d, c.n, c.d, kInt8KeyBlock, c.kq.data() + g * c.n * c.d,
+                                c.ks.data() + g * c.KeyScaleStride());
+    }
+  } else {
+    QuantizeRowsInt8(c.k.data(), c.G * c.n, c.d, c.kq.data(), c.ks.data());
+  }
   QuantizeRowsInt8(c.v.data(), c.G * c.n, c.d, c.vq.data(), c.vs.data());
 }
 
@@ -86,7 +103,9 @@ std::vector<float> RunKernel(const Cache& c, int64_t split = 1) {
   a.v = c.vq.data();
   a.v_scales = c.vs.data();
   a.kv_group_stride = c.n * c.d;
-  a.scale_group_stride = c.n;
+  a.key_scaling = c.per_channel ? Int8KeyScaling::kPerChannelBlock : Int8KeyScaling::kPerToken;
+  a.k_scale_group_stride = c.KeyScaleStride();
+  a.v_scale_group_stride = c.n;
   a.n = c.n;
   a.key_positions = kp.data();
   a.sliding_window = c.window;
@@ -108,9 +127,9 @@ struct Reference {
   std::vector<double> p;        // [H, n]
 };
 
-// Float64 softmax attention of query rows q [H, d] over k, v [G, n, d].
-Reference Attend(const Cache& c, const std::vector<double>& q, const std::vector<double>& k,
-                 const std::vector<double>& v) {
+// Float64 softmax attention over values v [G, n, d] with the logits
+// scale * dot(h, j) (h a query head, j an entry of its group).
+Reference Attend(const Cache& c, const std::function<double(int64_t, int64_t)>& dot, const std::vector<double>& v) {
   const int64_t r = c.H / c.G, d = c.d, n = c.n;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   Reference ref;
@@ -122,8 +141,7 @@ Reference Attend(const Cache& c, const std::vector<double>& q, const std::vector
     double mx = -INFINITY;
     for (int64_t j = 0; j < n; ++j) {
       if (!Visible(c, c.kpos[g][j])) continue;
-      double s = 0;
-      for (int64_t i = 0; i < d; ++i) s += q[h * d + i] * k[(g * n + j) * d + i];
+      const double s = dot(h, j);
       ref.logits[h * n + j] = s * scale;
       mx = std::max(mx, s * scale);
     }
@@ -148,20 +166,51 @@ std::vector<double> Dequantized(const std::vector<int8_t>& q, const std::vector<
   return x;
 }
 
-// The int8 query the kernel multiplies with (per head, QuantizeRowsInt8), dequantized.
-std::vector<double> QuantizedQuery(const Cache& c, std::vector<float>* scales) {
-  std::vector<int8_t> q(c.H * c.d);
-  scales->resize(c.H);
-  QuantizeRowsInt8(c.q.data(), c.H, c.d, q.data(), scales->data());
-  return Dequantized(q, *scales, c.d);
+// The int8 query the kernel multiplies with: per head (QuantizeRowsInt8) for keys per
+// token; per head and block of the query scaled by the block's key scales for keys per
+// channel block. q8 [H, blocks, d], scales [H, blocks] (one block per token scaling).
+struct QueryInt8 {
+  std::vector<int8_t> q8;
+  std::vector<float> scales;
+  int64_t blocks = 1;
+};
+QueryInt8 QuantizedQuery(const Cache& c) {
+  QueryInt8 out;
+  out.blocks = c.per_channel ? c.Blocks() : 1;
+  out.q8.resize(c.H * out.blocks * c.d);
+  out.scales.resize(c.H * out.blocks);
+  const int64_t r = c.H / c.G;
+  std::vector<float> scaled(c.d);
+  for (int64_t h = 0; h < c.H; ++h) {
+    for (int64_t b = 0; b < out.blocks; ++b) {
+      for (int64_t i = 0; i < c.d; ++i) {
+        scaled[i] = c.q[h * c.d + i] * (c.per_channel ? c.ks[(h / r) * c.KeyScaleStride() + b * c.d + i] : 1.0f);
+      }
+      QuantizeRowsInt8(scaled.data(), 1, c.d, out.q8.data() + (h * out.blocks + b) * c.d,
+                       out.scales.data() + h * out.blocks + b);
+    }
+  }
+  return out;
+}
+
+// The logit the kernel computes, in float64: the int8 query times the int8 key, scaled.
+std::function<double(int64_t, int64_t)> QuantizedDot(const Cache& c, const QueryInt8& qq) {
+  return [&c, &qq](int64_t h, int64_t j) {
+    const int64_t g = h / (c.H / c.G), b = c.per_channel ? j / kInt8KeyBlock : 0;
+    double dot = 0;
+    for (int64_t i = 0; i < c.d; ++i) {
+      dot += static_cast<double>(qq.q8[(h * qq.blocks + b) * c.d + i]) * c.kq[(g * c.n + j) * c.d + i];
+    }
+    return dot * qq.scales[h * qq.blocks + b] * (c.per_channel ? 1.0 : c.ks[g * c.n + j]);
+  };
 }
 
 // Reference 1: the kernel's float32 rounding only. Scores: the exact integer dot times
 // two rounded products (relative 2^-23); exp by exp2_poly (2e-7 relative); the sum of
 // n rounded fma's per channel: n * 2^-24 * sum_j w_j |v_jc| <= n * 2^-24 * max|v_c|.
 void ExpectMatchesDequantized(const Cache& c, const std::vector<float>& out, const std::string& what) {
-  std::vector<float> qs;
-  const Reference ref = Attend(c, QuantizedQuery(c, &qs), Dequantized(c.kq, c.ks, c.d), Dequantized(c.vq, c.vs, c.d));
+  const QueryInt8 qq = QuantizedQuery(c);
+  const Reference ref = Attend(c, QuantizedDot(c, qq), Dequantized(c.vq, c.vs, c.d));
   const int64_t r = c.H / c.G;
   for (int64_t h = 0; h < c.H; ++h) {
     const int64_t g = h / r;
@@ -182,19 +231,29 @@ void ExpectMatchesDequantized(const Cache& c, const std::vector<float>& out, con
   }
 }
 
-// Reference 2: the float32 cache. With q^ = q + dq, k^ = k + dk, |dq_c| <= s_q / 2 and
-// |dk_c| <= s_k / 2 (kv_quant.h), a logit moves by at most
+// Reference 2: the float32 cache. Keys per token: with q^ = q + dq, k^ = k + dk,
+// |dq_c| <= s_q / 2 and |dk_c| <= s_k / 2 (kv_quant.h), a logit moves by at most
 //   D_j = scale * (s_q / 2 ||k_j||_1 + s_kj / 2 ||q||_1 + d s_q s_kj / 4).
+// Keys per channel block b (scales s_c): the kernel's dot is q'^ . k8_j with q' = q * s,
+// q'^ = q' + dq', |dq'_c| <= s_q'b / 2, and s_c k8_jc = k_jc + dk_jc, |dk_jc| <= s_c / 2:
+//   q'^ . k8_j - q . k_j = q . dk_j + dq' . k8_j,
+//   D_j = scale * (sum_c |q_c| s_c / 2 + s_q'b / 2 ||k8_j||_1).
 // With D = max_j D_j every softmax weight moves by a factor within exp(+-2D), so
 // |p^_j - p_j| <= p_j (exp(2D) - 1), and with |dv_jc| <= s_vj / 2:
 //   |o^_c - o_c| <= (exp(2D) - 1) sum_j p_j |v_jc| + max_j s_vj / 2
 // (plus the float rounding of reference 1 and the scales' own 2^-23 terms: 1% slack).
 void ExpectWithinQuantizationBound(const Cache& c, const std::vector<float>& out, const std::string& what,
                                    double* worst_ratio) {
-  const Reference ref = Attend(c, ToDouble(c.q), ToDouble(c.k), ToDouble(c.v));
-  std::vector<float> qs;
-  QuantizedQuery(c, &qs);
   const int64_t r = c.H / c.G, d = c.d, n = c.n;
+  const Reference ref = Attend(
+      c,
+      [&c, r, d, n](int64_t h, int64_t j) {
+        double s = 0;
+        for (int64_t i = 0; i < d; ++i) s += static_cast<double>(c.q[h * d + i]) * c.k[((h / r) * n + j) * d + i];
+        return s;
+      },
+      ToDouble(c.v));
+  const QueryInt8 qq = QuantizedQuery(c);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   for (int64_t h = 0; h < c.H; ++h) {
     const int64_t g = h / r;
@@ -203,10 +262,20 @@ void ExpectWithinQuantizationBound(const Cache& c, const std::vector<float>& out
     double D = 0, max_sv = 0;
     for (int64_t j = 0; j < n; ++j) {
       if (!Visible(c, c.kpos[g][j])) continue;
-      double k1 = 0;
-      for (int64_t i = 0; i < d; ++i) k1 += std::fabs(c.k[(g * n + j) * d + i]);
-      const double sk = c.ks[g * n + j];
-      D = std::max(D, scale * (qs[h] / 2 * k1 + sk / 2 * q1 + d * qs[h] * sk / 4));
+      if (c.per_channel) {
+        double qs_k = 0, k8 = 0;
+        for (int64_t i = 0; i < d; ++i) {
+          qs_k += std::fabs(c.q[h * d + i]) * c.KeyScale(g, j, i) / 2;
+          k8 += std::abs(c.kq[(g * n + j) * d + i]);
+        }
+        const double sq = qq.scales[h * qq.blocks + j / kInt8KeyBlock];
+        D = std::max(D, scale * (qs_k + sq / 2 * k8));
+      } else {
+        double k1 = 0;
+        for (int64_t i = 0; i < d; ++i) k1 += std::fabs(c.k[(g * n + j) * d + i]);
+        const double sk = c.ks[g * n + j], sq = qq.scales[h];
+        D = std::max(D, scale * (sq / 2 * k1 + sk / 2 * q1 + d * sq * sk / 4));
+      }
       max_sv = std::max(max_sv, static_cast<double>(c.vs[g * n + j]));
     }
     for (int64_t i = 0; i < d; ++i) {
@@ -226,9 +295,11 @@ std::vector<std::string> Isas() {
   return isas;
 }
 
-class AttentionInt8Test : public ::testing::TestWithParam<std::string> {
+// (instruction set, keys per channel block)
+class AttentionInt8Test : public ::testing::TestWithParam<std::tuple<std::string, bool>> {
  protected:
-  void SetUp() override { ASSERT_TRUE(SetDecodeAttentionInt8Isa(GetParam())); }
+  void SetUp() override { ASSERT_TRUE(SetDecodeAttentionInt8Isa(std::get<0>(GetParam()))); }
+  bool PerChannel() const { return std::get<1>(GetParam()); }
   void TearDown() override { SetDecodeAttentionInt8Isa("auto"); }
 };
 
@@ -242,6 +313,7 @@ TEST_P(AttentionInt8Test, MatchesBothReferences) {
   for (const Case& k : cases) {
     Cache c = MakeCache(k.H, k.G, k.d, k.n, static_cast<uint32_t>(k.H * 1000 + k.d + k.n));
     c.window = k.window;
+    c.per_channel = PerChannel();
     Quantize(c);
     const std::string what = "H " + std::to_string(k.H) + " G " + std::to_string(k.G) + " d " +
                              std::to_string(k.d) + " n " + std::to_string(k.n) + " window " +
@@ -256,6 +328,7 @@ TEST_P(AttentionInt8Test, MatchesBothReferences) {
 
 TEST_P(AttentionInt8Test, ZeroTokenAndHugeOutlier) {
   Cache c = MakeCache(9, 3, 64, 77, 5);
+  c.per_channel = PerChannel();
   for (int64_t g = 0; g < 3; ++g) {
     for (int64_t i = 0; i < 64; ++i) {
       c.k[(g * 77 + 10) * 64 + i] = 0.0f;  // an all-zero key and value
@@ -273,6 +346,7 @@ TEST_P(AttentionInt8Test, ZeroTokenAndHugeOutlier) {
 
 TEST_P(AttentionInt8Test, NothingVisibleGivesZeros) {
   Cache c = MakeCache(4, 2, 64, 20, 9);
+  c.per_channel = PerChannel();
   Quantize(c);
   c.qpos = 0;  // every key position is >= 1
   const std::vector<float> out = RunKernel(c);
@@ -281,8 +355,10 @@ TEST_P(AttentionInt8Test, NothingVisibleGivesZeros) {
   EXPECT_EQ(RunKernel(c), std::vector<float>(4 * 64, 0.0f));
 }
 
-INSTANTIATE_TEST_SUITE_P(Isas, AttentionInt8Test, ::testing::ValuesIn(Isas()),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Isas, AttentionInt8Test, ::testing::Combine(::testing::ValuesIn(Isas()), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + (std::get<1>(info.param) ? "_per_channel" : "_per_token");
+                         });
 
 TEST(AttentionInt8IsaTest, Avx2MatchesScalarBitForBit) {
   ASSERT_TRUE(SetDecodeAttentionInt8Isa("auto"));
@@ -294,6 +370,7 @@ TEST(AttentionInt8IsaTest, Avx2MatchesScalarBitForBit) {
   for (int64_t d : {64, 128}) {
     for (int64_t n : {1, 7, 8, 65, 333}) {
       Cache c = MakeCache(12, 4, d, n, static_cast<uint32_t>(d * 7 + n), /*key_scale=*/3.0f);
+      c.per_channel = n % 2 == 1;
       Quantize(c);
       ASSERT_TRUE(SetDecodeAttentionInt8Isa("avx2"));
       const std::vector<float> a = RunKernel(c);
