@@ -7,8 +7,10 @@
 //   KL           KL(softmax(float32) || softmax(quantized)) per query and head (mean, max);
 //   out error    ||o^ - o||_2 / ||o||_2 with the values quantized per token (mean, max).
 // Key variants: int8 per token, int8 per channel over blocks of 32 / 64 / 128 tokens,
-// bfloat16; "+q8" rows also quantize the query per head to int8 (what the int8 decode
-// attention kernel multiplies with). Everything after the prefill is in float64.
+// bfloat16; "+q8" rows also quantize the query per head to int8, "+q8x2" to two int8
+// halves (hi + lo / 254: what the int8 decode attention kernel multiplies with). The
+// per-channel rows quantize the float32 query, not the query scaled by each block's
+// key scales as the kernel does (an approximation of the kernel's query error there). Everything after the prefill is in float64.
 //
 //   build/bin/echokv-bench-kv-quant --model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 #include <ATen/ATen.h>
@@ -47,10 +49,13 @@ struct Stats {
 struct Variant {
   Variant(std::string n, std::function<void(std::vector<float>&, int64_t, int64_t)> k, bool qq = false)
       : name(std::move(n)), keys(std::move(k)), quantize_query(qq) {}
+  Variant(std::string n, std::function<void(std::vector<float>&, int64_t, int64_t)> k, bool qq, bool halves)
+      : name(std::move(n)), keys(std::move(k)), quantize_query(qq), query_two_halves(halves) {}
   std::string name;
   // Quantizes then dequantizes n key rows of d floats in place.
   std::function<void(std::vector<float>&, int64_t, int64_t)> keys;
   bool quantize_query = false;
+  bool query_two_halves = false;  // the query as hi + lo / 254 (two int8 dot products)
   Stats logit, kl, out;
 };
 
@@ -66,6 +71,19 @@ void RoundTripBlocks(std::vector<float>& x, int64_t n, int64_t d, int64_t block)
   std::vector<float> s(((n + block - 1) / block) * d);
   echokv::kernels::QuantizeChannelBlocksInt8(x.data(), n, d, block, q.data(), s.data());
   echokv::kernels::DequantizeChannelBlocksInt8(q.data(), s.data(), n, d, block, x.data());
+}
+
+// The query as two int8 halves: hi = round(q / s), lo = round((q / s - hi) * 254),
+// q^ = s (hi + lo / 254): steps of s / 254.
+void RoundTripHalves(std::vector<float>& q, int64_t d) {
+  float amax = 0;
+  for (int64_t c = 0; c < d; ++c) amax = std::max(amax, std::fabs(q[c]));
+  if (amax == 0) return;
+  const float s = amax / 127.0f;
+  for (int64_t c = 0; c < d; ++c) {
+    const float hi = std::nearbyint(q[c] / s), lo = std::nearbyint((q[c] / s - hi) * 254.0f);
+    q[c] = s * (hi + lo / 254.0f);
+  }
 }
 
 void RoundTripBf16(std::vector<float>& x, int64_t, int64_t) {
@@ -143,12 +161,15 @@ int main(int argc, char** argv) {
   std::vector<Variant> variants;
   variants.emplace_back("int8 per token", RoundTripRows);
   variants.emplace_back("int8 per token +q8", RoundTripRows, true);
+  variants.emplace_back("int8 per token +q8x2", RoundTripRows, true, true);
   for (int64_t b : {32, 64, 128}) {
     const std::string name = "int8 per channel, block " + std::to_string(b);
     variants.emplace_back(name, [b](std::vector<float>& x, int64_t n, int64_t dd) { RoundTripBlocks(x, n, dd, b); });
   }
   variants.emplace_back("int8 per channel, block 64 +q8",
                       [](std::vector<float>& x, int64_t n, int64_t dd) { RoundTripBlocks(x, n, dd, 64); }, true);
+  variants.emplace_back("int8 per channel, block 64 +q8x2",
+                        [](std::vector<float>& x, int64_t n, int64_t dd) { RoundTripBlocks(x, n, dd, 64); }, true, true);
   variants.emplace_back("bfloat16", RoundTripBf16);
   // Key statistics: the ratio of the largest channel's RMS to the median channel's.
   Stats outlier;
@@ -177,7 +198,11 @@ int main(int argc, char** argv) {
             const int64_t visible = n - N + i + 1;  // causal: the query at position n - N + i
             std::vector<float> q(Q.data_ptr<float>() + (h * N + i) * d, Q.data_ptr<float>() + (h * N + i + 1) * d);
             Attend(q.data(), k, v, visible, d, scale, lf, pf, of);
-            if (var.quantize_query) RoundTripRows(q, 1, d);
+            if (var.query_two_halves) {
+              RoundTripHalves(q, d);
+            } else if (var.quantize_query) {
+              RoundTripRows(q, 1, d);
+            }
             Attend(q.data(), kq, vq, visible, d, scale, lq, pq, oq);
             double kl = 0, err = 0, norm = 0;
             for (int64_t j = 0; j < visible; ++j) {

@@ -24,10 +24,20 @@ namespace {
 // are in L1 (64 keys of d = 64 are 4 KiB), as the float32 decode path does.
 constexpr int64_t kKeyBlock = 64;
 
-// One group's query heads in int8: q^ (signed), |q^| (the unsigned operand of
-// maddubs) and c = scale * s_q per head.
+// The query's two int8 halves: hi = round(x / s), lo = round((x / s - hi) * kLoSteps),
+// so x^ = s (hi + lo / kLoSteps), |x - x^| <= s / (2 kLoSteps) (plus float rounding):
+// the dot product with an int8 key is (kLoSteps hi + lo) . k^, exact in int32
+// (|.| <= 255 * 127 * 127 * d < 2^31 for d <= 512), scaled by s / kLoSteps. One int8
+// query alone (steps of s) doubled the mean KL of SmolLM2's attention weights
+// (docs/benchmarks/JOURNAL.md, "Int8 retained cache"); the halves leave the keys'
+// error alone (KL within 0.1% of a float32 query's).
+constexpr int32_t kLoSteps = 254;
+
+// One group's query heads: per head 4 d bytes, [hi | |hi| | lo | |lo|] (the signed
+// halves for sign(), their magnitudes as maddubs' unsigned operand), and
+// c = scale * s / kLoSteps per head.
 struct QueryInt8 {
-  std::vector<int8_t> q, abs_q;
+  std::vector<int8_t> q;
   std::vector<float> c;
 };
 
@@ -35,8 +45,7 @@ struct QueryInt8 {
 // `channel_scales` first when that is not nullptr (keys per channel block).
 void QuantizeQueries(const float* q, int64_t stride, int64_t r, int64_t d, float scale, const float* channel_scales,
                      QueryInt8* out) {
-  out->q.resize(r * d);
-  out->abs_q.resize(r * d);
+  out->q.resize(r * 4 * d);
   out->c.resize(r);
   thread_local std::vector<float> scaled;
   scaled.resize(d);
@@ -46,21 +55,33 @@ void QuantizeQueries(const float* q, int64_t stride, int64_t r, int64_t d, float
       for (int64_t i = 0; i < d; ++i) scaled[i] = qh[i] * channel_scales[i];
       qh = scaled.data();
     }
+    int8_t* hi = out->q.data() + h * 4 * d;
     float s;
-    QuantizeRowsInt8(qh, 1, d, out->q.data() + h * d, &s);
-    out->c[h] = scale * s;
-    for (int64_t i = 0; i < d; ++i) out->abs_q[h * d + i] = static_cast<int8_t>(std::abs(out->q[h * d + i]));
+    QuantizeRowsInt8(qh, 1, d, hi, &s);
+    out->c[h] = scale * s / static_cast<float>(kLoSteps);
+    for (int64_t i = 0; i < d; ++i) {
+      const float rest = s > 0.0f ? qh[i] / s - static_cast<float>(hi[i]) : 0.0f;
+      const float lo = std::clamp(std::nearbyint(rest * static_cast<float>(kLoSteps)), -127.0f, 127.0f);
+      hi[2 * d + i] = static_cast<int8_t>(lo);
+      hi[d + i] = static_cast<int8_t>(std::abs(hi[i]));
+      hi[3 * d + i] = static_cast<int8_t>(std::abs(hi[2 * d + i]));
+    }
   }
 }
 
-// scores[j] = float(q^ . k^_j) * (k_scales[j] * c) for m entries (* c when k_scales is
-// nullptr: keys scaled per channel block, the scales folded into the query).
+// scores[j] = float((kLoSteps hi + lo) . k^_j) * (k_scales[j] * c) for m entries (* c
+// when k_scales is nullptr: keys scaled per channel block, the scales folded into the
+// query). q: one head's [hi | |hi| | lo | |lo|].
 void ScoresScalar(const int8_t* q, float c, const int8_t* keys, const float* k_scales, int64_t m, int64_t d,
                   float* scores) {
   for (int64_t j = 0; j < m; ++j) {
     const int8_t* k = keys + j * d;
-    int32_t dot = 0;
-    for (int64_t i = 0; i < d; ++i) dot += static_cast<int32_t>(q[i]) * static_cast<int32_t>(k[i]);
+    int32_t hi = 0, lo = 0;
+    for (int64_t i = 0; i < d; ++i) {
+      hi += static_cast<int32_t>(q[i]) * static_cast<int32_t>(k[i]);
+      lo += static_cast<int32_t>(q[2 * d + i]) * static_cast<int32_t>(k[i]);
+    }
+    const int32_t dot = kLoSteps * hi + lo;
     scores[j] = static_cast<float>(dot) * (k_scales != nullptr ? k_scales[j] * c : c);
   }
 }
@@ -88,41 +109,46 @@ ECHOKV_AVX2 inline __m256i Reduce8(const __m256i* acc) {
   return _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20), _mm256_permute2x128_si256(t0, t1, 0x31));
 }
 
-// q^ . k^ of one key over kVecs chunks of 32 channels, as 8 int32 partial sums:
-// maddubs(|q^|, sign(k^, q^)) = pairs of q^_c k^_c in int16 (|.| <= 2 * 127^2, no
-// saturation), madd with ones widens them to int32.
+// (kLoSteps hi + lo) . k^ of one key over kVecs chunks of 32 channels, as 8 int32
+// partial sums: maddubs(|hi|, sign(k^, hi)) = pairs of hi_c k^_c in int16 (|.| <= 2 *
+// 127^2, no saturation), madd with kLoSteps widens and scales them to int32; the same
+// for lo with ones.
 template <int kVecs>
-ECHOKV_AVX2 inline __m256i DotChunks(const __m256i* qa, const __m256i* qs, const int8_t* k) {
-  const __m256i ones = _mm256_set1_epi16(1);
+ECHOKV_AVX2 inline __m256i DotChunks(const __m256i* hi_abs, const __m256i* hi, const __m256i* lo_abs,
+                                     const __m256i* lo, const int8_t* k) {
+  const __m256i ones = _mm256_set1_epi16(1), steps = _mm256_set1_epi16(kLoSteps);
   __m256i acc = _mm256_setzero_si256();
   for (int i = 0; i < kVecs; ++i) {
     const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + 32 * i));
-    const __m256i prod = _mm256_maddubs_epi16(qa[i], _mm256_sign_epi8(kv, qs[i]));
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(prod, ones));
+    const __m256i ph = _mm256_maddubs_epi16(hi_abs[i], _mm256_sign_epi8(kv, hi[i]));
+    const __m256i pl = _mm256_maddubs_epi16(lo_abs[i], _mm256_sign_epi8(kv, lo[i]));
+    acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(ph, steps), _mm256_madd_epi16(pl, ones)));
   }
   return acc;
 }
 
 template <int kVecs>
-ECHOKV_AVX2 void ScoresAvx2Fixed(const int8_t* q, const int8_t* abs_q, float c, const int8_t* keys,
-                                 const float* k_scales, int64_t m, float* scores) {
+ECHOKV_AVX2 void ScoresAvx2Fixed(const int8_t* q, float c, const int8_t* keys, const float* k_scales, int64_t m,
+                                 float* scores) {
   constexpr int64_t d = 32 * kVecs;
-  __m256i qa[kVecs], qs[kVecs];
+  __m256i hi[kVecs], hi_abs[kVecs], lo[kVecs], lo_abs[kVecs];
   for (int i = 0; i < kVecs; ++i) {
-    qa[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(abs_q + 32 * i));
-    qs[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * i));
+    hi[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * i));
+    hi_abs[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + d + 32 * i));
+    lo[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 2 * d + 32 * i));
+    lo_abs[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 3 * d + 32 * i));
   }
   const __m256 cv = _mm256_set1_ps(c);
   int64_t j = 0;
   for (; j + 8 <= m; j += 8) {
     __m256i acc[8];
-    for (int t = 0; t < 8; ++t) acc[t] = DotChunks<kVecs>(qa, qs, keys + (j + t) * d);
+    for (int t = 0; t < 8; ++t) acc[t] = DotChunks<kVecs>(hi_abs, hi, lo_abs, lo, keys + (j + t) * d);
     const __m256 dots = _mm256_cvtepi32_ps(Reduce8(acc));
     const __m256 ks = k_scales != nullptr ? _mm256_mul_ps(_mm256_loadu_ps(k_scales + j), cv) : cv;
     _mm256_storeu_ps(scores + j, _mm256_mul_ps(dots, ks));
   }
   for (; j < m; ++j) {
-    const __m256i acc = DotChunks<kVecs>(qa, qs, keys + j * d);
+    const __m256i acc = DotChunks<kVecs>(hi_abs, hi, lo_abs, lo, keys + j * d);
     alignas(32) int32_t lanes[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
     int32_t dot = 0;
@@ -131,17 +157,17 @@ ECHOKV_AVX2 void ScoresAvx2Fixed(const int8_t* q, const int8_t* abs_q, float c, 
   }
 }
 
-ECHOKV_AVX2 void ScoresAvx2(const int8_t* q, const int8_t* abs_q, float c, const int8_t* keys,
-                            const float* k_scales, int64_t m, int64_t d, float* scores) {
+ECHOKV_AVX2 void ScoresAvx2(const int8_t* q, float c, const int8_t* keys, const float* k_scales, int64_t m,
+                            int64_t d, float* scores) {
   switch (d) {
     case 32:
-      return ScoresAvx2Fixed<1>(q, abs_q, c, keys, k_scales, m, scores);
+      return ScoresAvx2Fixed<1>(q, c, keys, k_scales, m, scores);
     case 64:
-      return ScoresAvx2Fixed<2>(q, abs_q, c, keys, k_scales, m, scores);
+      return ScoresAvx2Fixed<2>(q, c, keys, k_scales, m, scores);
     case 128:
-      return ScoresAvx2Fixed<4>(q, abs_q, c, keys, k_scales, m, scores);
+      return ScoresAvx2Fixed<4>(q, c, keys, k_scales, m, scores);
     case 256:
-      return ScoresAvx2Fixed<8>(q, abs_q, c, keys, k_scales, m, scores);
+      return ScoresAvx2Fixed<8>(q, c, keys, k_scales, m, scores);
   }
   return ScoresScalar(q, c, keys, k_scales, m, d, scores);
 }
@@ -194,6 +220,7 @@ std::atomic<Isa>& Current() {
 void RunGroup(const DecodeAttentionInt8Args& a, int64_t g, Isa isa) {
   const int64_t d = a.head_dim, n = a.n, r = a.num_heads / a.num_kv_heads, h0 = g * r;
   const bool avx2 = isa == Isa::kAvx2 && d % 32 == 0;
+  (void)avx2;  // (read only in the x86 build)
   const int8_t* keys = a.k + g * a.kv_group_stride;
   const int8_t* values = a.v + g * a.kv_group_stride;
   const float* k_scales = a.k_scales + g * a.k_scale_group_stride;
@@ -212,11 +239,11 @@ void RunGroup(const DecodeAttentionInt8Args& a, int64_t g, Isa isa) {
     if (per_channel) QuantizeQueries(q0, a.q_head_stride, r, d, a.scale, k_scales + (j0 / kKeyBlock) * d, &query);
     const float* ks = per_channel ? nullptr : k_scales + j0;
     for (int64_t h = 0; h < r; ++h) {
-      const int8_t* q = query.q.data() + h * d;
+      const int8_t* q = query.q.data() + h * 4 * d;
       float* s = scores + h * n + j0;
 #if defined(ECHOKV_INT8_X86)
       if (avx2) {
-        ScoresAvx2(q, query.abs_q.data() + h * d, query.c[h], keys + j0 * d, ks, m, d, s);
+        ScoresAvx2(q, query.c[h], keys + j0 * d, ks, m, d, s);
         continue;
       }
 #endif

@@ -4,17 +4,21 @@
 // group with all of its H/G query heads, so each key and value row is read by one
 // thread for its heads.
 //
-// Per head h and entry j (c = scale * s_q; keys per token, see Int8KeyScaling for the
-// per-channel variant):
-//   query   q^ = QuantizeRowsInt8(q_h) (per head, scale s_q): the integer dot products
-//           need both sides in int8;
-//   score_j = float(sum_c q^_c k^_jc) * (k_scales[j] * c)   (exact int32 dot product);
+// Per head h and entry j (keys per token, see Int8KeyScaling for the per-channel
+// variant):
+//   query   two int8 halves per element (the integer dot products need int8 on both
+//           sides): hi = QuantizeRowsInt8(q_h) with scale s, lo = round((q_h / s - hi)
+//           * 254), so q^ = s (hi + lo / 254), steps of s / 254 (one int8 query, steps
+//           of s, doubled the attention weights' KL on SmolLM2); c = scale * s / 254;
+//   score_j = float(sum_c (254 hi_c + lo_c) k^_jc) * (k_scales[j] * c)   (the dot
+//           product exact in int32);
 //   p       = float32 softmax of the visible scores (kernels/softmax.h, as the float32
 //             decode path), a masked entry -inf;
 //   w_j     = p_j * v_scales[j];  out_c = sum_j w_j * float(v^_jc), an FMA per entry in
 //             entry order.
-// The AVX2 build (integer dot products by _mm256_maddubs_epi16 on |q^| and sign(k^, q^),
-// then _mm256_madd_epi16; values widened to float in registers) computes the same bits
+// The AVX2 build (integer dot products by _mm256_maddubs_epi16 on |hi| and sign(k^, hi),
+// the same for lo, then _mm256_madd_epi16 by 254 and 1; values widened to float in
+// registers) computes the same bits
 // as the scalar build (each lane is one channel's chain; std::fma in the scalar build).
 // AVX2 runs head dims that are multiples of 32; others run the scalar build.
 //
@@ -33,7 +37,7 @@ namespace echokv::kernels {
 // or one per channel over blocks of kInt8KeyBlock entries (QuantizeChannelBlocksInt8
 // with block kInt8KeyBlock, entry 0 starting block 0; the last block may be partial).
 // With channel blocks the query is scaled by the block's channel scales, then quantized
-// per block and head: score_j = float(q'^ . k^_j) * (scale * s_q'b).
+// (in two halves) per block and head: score_j = float(q'^ . k^_j) * c_b, no key scale.
 enum class Int8KeyScaling { kPerToken, kPerChannelBlock };
 constexpr int64_t kInt8KeyBlock = 64;
 

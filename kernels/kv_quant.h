@@ -18,17 +18,18 @@
 // Which key scaling: per token, for now. Measured on SmolLM2-135M (a 1,024-token prompt,
 // the queries of its last 32 tokens, all 30 layers x 3 groups x 3 heads; values int8
 // per token in every row; bench/kv_quant_bench.cc, docs/benchmarks/JOURNAL.md "Int8
-// retained cache"), mean KL(float32 || int8) of the attention weights, with the query
-// in int8 as the kernel computes it: per token 6.6e-4, per channel block of 64 3.4e-4
-// (keys alone, float query: 4.7e-4 vs 1.5e-4; relative output error 2.1e-2 vs 1.7e-2).
-// Per channel is twice as close, but per token decodes 1.3x faster (2.4x vs 1.85x over
-// float32 at 8,192 positions, bench/attention_bench.cc --decode) and its rows survive the
-// cache's own operations untouched: selection gathers rows with their scales, an
-// append quantizes only the new row, while a channel block must be re-quantized (from
-// float32) whenever a selection or an append changes its members, and the last,
-// partial block kept in float32 until it fills (KIVI's residual). Both are in the
-// decode kernel (kernels/attention_int8.h, Int8KeyScaling); the fidelity suite decides
-// whether the 2x is worth it.
+// retained cache"), mean KL(float32 || int8) of the attention weights with the query as
+// the decode kernel quantizes it (two int8 halves, as close as a float32 query): per
+// token 4.7e-4, per channel block of 64 1.5e-4 (relative output error 1.6e-2 vs 1.1e-2;
+// bfloat16 keys 2.3e-5). Per channel is 3x closer, but per token decodes 1.6x faster
+// (2.2x vs 1.4x float32's tok/s at 8,192 positions, bench/attention_bench.cc --decode:
+// per channel re-quantizes the query for every block of 64 keys, in scalar code) and
+// its rows survive the cache's own operations untouched: selection gathers rows with
+// their scales, an append quantizes only the new row, while a channel block must be
+// re-quantized (from float32) whenever a selection or an append changes its members,
+// and the last, partial block kept in float32 until it fills (KIVI's residual). Both
+// are in the decode kernel (kernels/attention_int8.h, Int8KeyScaling); the fidelity
+// suite decides whether the 3x is worth it.
 //
 //   std::vector<int8_t> q(n * d); std::vector<float> s(n);
 //   QuantizeRowsInt8(x, n, d, q.data(), s.data());

@@ -166,18 +166,20 @@ std::vector<double> Dequantized(const std::vector<int8_t>& q, const std::vector<
   return x;
 }
 
-// The int8 query the kernel multiplies with: per head (QuantizeRowsInt8) for keys per
-// token; per head and block of the query scaled by the block's key scales for keys per
-// channel block. q8 [H, blocks, d], scales [H, blocks] (one block per token scaling).
+// The query the kernel multiplies with, two int8 halves per element: hi =
+// QuantizeRowsInt8's (scale s), lo = round((x / s - hi) * 254), i.e. 254 hi + lo in
+// steps of s / 254; per head for keys per token, per head and block of the query scaled
+// by the block's key scales for keys per channel block. q [H, blocks, d] (254 hi + lo),
+// scales [H, blocks] (s / 254; one block for keys per token).
 struct QueryInt8 {
-  std::vector<int8_t> q8;
-  std::vector<float> scales;
+  std::vector<int32_t> q;
+  std::vector<double> scales;
   int64_t blocks = 1;
 };
 QueryInt8 QuantizedQuery(const Cache& c) {
   QueryInt8 out;
   out.blocks = c.per_channel ? c.Blocks() : 1;
-  out.q8.resize(c.H * out.blocks * c.d);
+  out.q.resize(c.H * out.blocks * c.d);
   out.scales.resize(c.H * out.blocks);
   const int64_t r = c.H / c.G;
   std::vector<float> scaled(c.d);
@@ -186,8 +188,15 @@ QueryInt8 QuantizedQuery(const Cache& c) {
       for (int64_t i = 0; i < c.d; ++i) {
         scaled[i] = c.q[h * c.d + i] * (c.per_channel ? c.ks[(h / r) * c.KeyScaleStride() + b * c.d + i] : 1.0f);
       }
-      QuantizeRowsInt8(scaled.data(), 1, c.d, out.q8.data() + (h * out.blocks + b) * c.d,
-                       out.scales.data() + h * out.blocks + b);
+      std::vector<int8_t> hi(c.d);
+      float sc;
+      QuantizeRowsInt8(scaled.data(), 1, c.d, hi.data(), &sc);
+      for (int64_t i = 0; i < c.d; ++i) {
+        const float rest = sc > 0 ? scaled[i] / sc - hi[i] : 0.0f;
+        const int32_t lo = static_cast<int32_t>(std::clamp(std::nearbyint(rest * 254.0f), -127.0f, 127.0f));
+        out.q[(h * out.blocks + b) * c.d + i] = 254 * hi[i] + lo;
+      }
+      out.scales[h * out.blocks + b] = sc / 254.0;
     }
   }
   return out;
@@ -199,7 +208,7 @@ std::function<double(int64_t, int64_t)> QuantizedDot(const Cache& c, const Query
     const int64_t g = h / (c.H / c.G), b = c.per_channel ? j / kInt8KeyBlock : 0;
     double dot = 0;
     for (int64_t i = 0; i < c.d; ++i) {
-      dot += static_cast<double>(qq.q8[(h * qq.blocks + b) * c.d + i]) * c.kq[(g * c.n + j) * c.d + i];
+      dot += static_cast<double>(qq.q[(h * qq.blocks + b) * c.d + i]) * c.kq[(g * c.n + j) * c.d + i];
     }
     return dot * qq.scales[h * qq.blocks + b] * (c.per_channel ? 1.0 : c.ks[g * c.n + j]);
   };
@@ -223,7 +232,8 @@ void ExpectMatchesDequantized(const Cache& c, const std::vector<float>& out, con
       }
     }
     // A logit off by e changes every weight by a factor within exp(+-2e).
-    const double logit_err = 4 * std::ldexp(1.0, -23) * (1 + max_logit) + 4e-7;
+    // (the int32 dot to float, scale * s, / 254, * k scale, the product: 5 roundings)
+    const double logit_err = 6 * std::ldexp(1.0, -23) * (1 + max_logit) + 4e-7;
     const double tol = max_v * (2 * logit_err + (c.n + 8) * std::ldexp(1.0, -23)) + 1e-30;
     for (int64_t i = 0; i < c.d; ++i) {
       ASSERT_NEAR(out[h * c.d + i], ref.out[h * c.d + i], tol) << what << " head " << h << " channel " << i;
@@ -232,7 +242,8 @@ void ExpectMatchesDequantized(const Cache& c, const std::vector<float>& out, con
 }
 
 // Reference 2: the float32 cache. Keys per token: with q^ = q + dq, k^ = k + dk,
-// |dq_c| <= s_q / 2 and |dk_c| <= s_k / 2 (kv_quant.h), a logit moves by at most
+// |dq_c| <= s_q / 2 (s_q: the query's step, s / 254) and |dk_c| <= s_k / 2
+// (kv_quant.h), a logit moves by at most
 //   D_j = scale * (s_q / 2 ||k_j||_1 + s_kj / 2 ||q||_1 + d s_q s_kj / 4).
 // Keys per channel block b (scales s_c): the kernel's dot is q'^ . k8_j with q' = q * s,
 // q'^ = q' + dq', |dq'_c| <= s_q'b / 2, and s_c k8_jc = k_jc + dk_jc, |dk_jc| <= s_c / 2:
