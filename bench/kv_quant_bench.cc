@@ -10,7 +10,16 @@
 // bfloat16; "+q8" rows also quantize the query per head to int8, "+q8x2" to two int8
 // halves (hi + lo / 254: what the int8 decode attention kernel multiplies with). The
 // per-channel rows quantize the float32 query, not the query scaled by each block's
-// key scales as the kernel does (an approximation of the kernel's query error there). Everything after the prefill is in float64.
+// key scales as the kernel does (an approximation of the kernel's query error there).
+// Everything after the prefill is in float64.
+//
+// Then, end to end (--decode N, default 32): N decode steps after the prompt, the same
+// tokens fed to every cache (the float32 cache's greedy choices), each cache's stored
+// K and V replaced by their round trip through a format (the decode itself in float32,
+// so the int8 query of the kernel is not in these rows: its two halves measured as
+// close as a float32 query above). Per step: KL(float32 || format) of the next-token
+// distribution and whether the top-1 token agrees. int8 per channel: the prompt's keys in
+// full blocks of 64, the decoded keys kept in float32 (KIVI's residual); values per token.
 //
 //   build/bin/echokv-bench-kv-quant --model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 #include <ATen/ATen.h>
@@ -117,7 +126,7 @@ void Attend(const float* q, const std::vector<float>& k, const std::vector<float
 
 int main(int argc, char** argv) {
   std::string model_path = ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", text_path = "docs/ALGORITHM.md";
-  int tokens = 1024, queries = 32;
+  int tokens = 1024, queries = 32, decode = 32;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--model") {
@@ -128,8 +137,10 @@ int main(int argc, char** argv) {
       tokens = std::atoi(argv[i + 1]);
     } else if (a == "--queries") {
       queries = std::atoi(argv[i + 1]);
+    } else if (a == "--decode") {
+      decode = std::atoi(argv[i + 1]);
     } else {
-      std::fprintf(stderr, "usage: %s [--model PATH] [--text FILE] [--tokens N] [--queries N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--model PATH] [--text FILE] [--tokens N] [--queries N] [--decode N]\n", argv[0]);
       return 2;
     }
   }
@@ -228,6 +239,88 @@ int main(int argc, char** argv) {
   for (const Variant& v : variants) {
     std::printf("%-32s %12.3e %12.3e %12.3e %12.3e %12.3e %12.3e\n", v.name.c_str(), v.logit.mean(), v.logit.max,
                 v.kl.mean(), v.kl.max, v.out.mean(), v.out.max);
+  }
+  if (decode <= 0) return 0;
+  // Round trips entries [b, e) of every layer's keys (per token or per channel block) and
+  // values (per token) in place, through the views KvCache hands out.
+  enum class Format { kFloat32, kBFloat16, kInt8PerToken, kInt8PerChannel };
+  auto round_trip = [&](echokv::model::KvCache& c, Format f, int64_t b, int64_t e, bool keys_too) {
+    for (int l = 0; l < cfg.num_layers; ++l) {
+      for (int kv = 0; kv < 2; ++kv) {
+        if (kv == 0 && !keys_too) continue;
+        at::Tensor view = (kv == 0 ? c.keys(l) : c.values(l)).narrow(1, b, e - b);
+        at::Tensor dense = view.contiguous().clone();
+        float* data = dense.data_ptr<float>();
+        const int64_t m = e - b;
+        for (int64_t g = 0; g < G; ++g) {
+          std::vector<float> x(data + g * m * d, data + (g + 1) * m * d);
+          if (f == Format::kBFloat16) {
+            RoundTripBf16(x, m, d);
+          } else if (f == Format::kInt8PerChannel && kv == 0) {
+            RoundTripBlocks(x, m, d, 64);
+          } else {
+            RoundTripRows(x, m, d);
+          }
+          std::copy(x.begin(), x.end(), data + g * m * d);
+        }
+        view.copy_(dense);
+      }
+    }
+  };
+  struct E2e {
+    const char* name;
+    Format format;
+    echokv::model::KvCache cache;
+    Stats kl;
+    int64_t agree = 0;
+  };
+  std::vector<E2e> runs;
+  const std::pair<const char*, Format> formats[] = {{"float32", Format::kFloat32},
+                                                    {"bfloat16", Format::kBFloat16},
+                                                    {"int8 per token", Format::kInt8PerToken},
+                                                    {"int8 keys per channel 64", Format::kInt8PerChannel}};
+  for (const auto& [name, f] : formats) {
+    runs.push_back({name, f, cache.Clone(), {}, 0});
+    const int64_t full = f == Format::kInt8PerChannel ? (tokens / 64) * 64 : tokens;
+    if (f != Format::kFloat32) round_trip(runs.back().cache, f, 0, full, true);
+    if (f == Format::kInt8PerChannel && full < tokens) round_trip(runs.back().cache, f, full, tokens, false);
+  }
+  int token = static_cast<int>(fwd->logits.argmax().item<int64_t>());
+  for (int step = 0; step < decode; ++step) {
+    std::vector<double> pf;
+    int top_f = 0;
+    for (E2e& r : runs) {
+      auto res = (*model)->Decode(token, &r.cache);
+      if (!res.ok()) return echokv::bench::ReportBenchError(res.status());
+      const int64_t n = r.cache.size(0);
+      if (r.format != Format::kFloat32) round_trip(r.cache, r.format, n - 1, n, r.format != Format::kInt8PerChannel);
+      at::Tensor lg = res->logits.to(at::kDouble).contiguous();
+      const double* x = lg.data_ptr<double>();
+      const int64_t V = lg.numel();
+      const double mx = *std::max_element(x, x + V);
+      std::vector<double> p(V);
+      double den = 0;
+      for (int64_t i = 0; i < V; ++i) den += p[i] = std::exp(x[i] - mx);
+      for (double& v : p) v /= den;
+      const int top = static_cast<int>(std::max_element(p.begin(), p.end()) - p.begin());
+      if (r.format == Format::kFloat32) {
+        pf = p;
+        top_f = top;
+      }
+      double kl = 0;
+      for (int64_t i = 0; i < V; ++i) {
+        if (pf[i] > 0) kl += pf[i] * (std::log(pf[i]) - std::log(std::max(p[i], 1e-300)));
+      }
+      r.kl.Add(kl);
+      r.agree += top == top_f;
+    }
+    token = top_f;
+  }
+  std::printf("end to end: %d decode steps after the %d-token prompt (the float32 cache's greedy tokens)\n", decode,
+              tokens);
+  std::printf("%-28s %12s %12s %12s\n", "cache", "KL mean", "KL max", "top-1 agree");
+  for (const E2e& r : runs) {
+    std::printf("%-28s %12.3e %12.3e %11.1f%%\n", r.name, r.kl.mean(), r.kl.max, 100.0 * r.agree / decode);
   }
   return 0;
 }
