@@ -15,21 +15,21 @@
 //   bfloat16: the upper 16 bits of the float32, rounded to nearest even (NaN stays a
 //     quiet NaN, infinities stay infinite); |x - x^| <= 2^-8 |x| (half an ulp of 8 bits).
 //
-// Which key scaling: per token, for now. Measured on SmolLM2-135M (a 1,024-token prompt,
-// the queries of its last 32 tokens, all 30 layers x 3 groups x 3 heads; values int8
-// per token in every row; bench/kv_quant_bench.cc, docs/benchmarks/JOURNAL.md "Int8
-// retained cache"), mean KL(float32 || int8) of the attention weights with the query as
-// the decode kernel quantizes it (two int8 halves, as close as a float32 query): per
-// token 4.7e-4, per channel block of 64 1.5e-4 (relative output error 1.6e-2 vs 1.1e-2;
-// bfloat16 keys 2.3e-5). Per channel is 3x closer, but per token decodes 1.6x faster
-// (2.2x vs 1.4x float32's tok/s at 8,192 positions, bench/attention_bench.cc --decode:
-// per channel re-quantizes the query for every block of 64 keys, in scalar code) and
-// its rows survive the cache's own operations untouched: selection gathers rows with
-// their scales, an append quantizes only the new row, while a channel block must be
-// re-quantized (from float32) whenever a selection or an append changes its members,
-// and the last, partial block kept in float32 until it fills (KIVI's residual). Both
-// are in the decode kernel (kernels/attention_int8.h, Int8KeyScaling); the fidelity
-// suite decides whether the 3x is worth it.
+// Which key scaling: per token. Measured on SmolLM2-135M (bench/kv_quant_bench.cc,
+// docs/benchmarks/JOURNAL.md "Int8 retained cache"): per channel blocks of 64 keep
+// attention closer, mean KL of the attention weights 1.5e-4 vs 4.7e-4 per token (the
+// query as the kernel quantizes it), and end to end over 32 decode steps KL 1.5e-4 vs
+// 5.9e-4, top-1 32/32 vs 31/32; decode speed is the same (2.0-2.4x float32's tok/s at
+// 8,192 positions for both, bench/attention_bench.cc --decode). Per token wins on what
+// the retained tier does besides attending: a channel block's scales change with its
+// members, so every append needs KIVI's float32 residual (up to 63 newest keys per layer
+// and group: at a budget of 128 entries and d = 64 that is up to 16 KiB of float32 keys
+// beside 17 KiB of int8 entries, ~1.9x the bytes) or a re-quantization of the partial
+// block, and every selection re-quantizes the blocks it changes (exact only where a
+// float32 copy exists: the tiered mode's cold tier, not the evict mode). Per-token rows
+// move with their scales and never change. Both are in the decode kernel
+// (kernels/attention_int8.h, Int8KeyScaling); the fidelity suite decides whether the
+// 3-4x in KL is worth those bytes.
 //
 //   std::vector<int8_t> q(n * d); std::vector<float> s(n);
 //   QuantizeRowsInt8(x, n, d, q.data(), s.data());
