@@ -44,7 +44,7 @@ constexpr int64_t kInt8KeyBlock = 64;
 struct DecodeAttentionInt8Args {
   int64_t num_heads = 0;     // H (query heads)
   int64_t num_kv_heads = 0;  // G (key/value groups); H % G == 0, head h reads group h / (H/G)
-  int64_t head_dim = 0;      // d
+  int64_t head_dim = 0;      // d <= 512 (the int32 dot products: 255 * 127^2 * d < 2^31)
   // The query (post-RoPE): head h at q + h * q_head_stride (d contiguous floats), at
   // position q_position.
   const float* q = nullptr;
