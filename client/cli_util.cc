@@ -259,6 +259,13 @@ std::string FormatReport(const CompressionReport& r) {
   absl::StrAppend(&out, "  overlap W1/W2 ", Overlap(r.overlap_w1_w2()), ", W1/final ",
                   Overlap(r.overlap_w1_final()), ", W2/final ", Overlap(r.overlap_w2_final()),
                   "\n");
+  // The fidelity signal: the share of the probe queries' attention on the kept entries.
+  absl::StrAppend(&out, "  attention mass kept ",
+                  r.retained_mass_mean() < 0
+                      ? std::string("- (not measured)")
+                      : absl::StrFormat("mean %.3f, min %.3f over %d layer x group values", r.retained_mass_mean(),
+                                        r.retained_mass_min(), r.retained_mass_size()),
+                  "\n");
   return out;
 }
 

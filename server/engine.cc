@@ -423,6 +423,7 @@ void Engine::Impl::ReportCompression(const TurnJob& t) {
   st.prompt_tokens = static_cast<int64_t>(t.spec().tokens.size());
   st.evicted_kv_bytes = std::max<int64_t>(0, r.full_kv_bytes - r.retained_kv_bytes);
   st.ratio = r.full_kv_bytes > 0 ? static_cast<double>(r.retained_kv_bytes) / r.full_kv_bytes : 1.0;
+  st.retained_mass = r.RetainedMassMean();
   observer->OnCompression(st);
 }
 
@@ -447,7 +448,7 @@ void Engine::Impl::CompleteJob(ActiveJob& j) {
         }
         (void)cells.Select(l, per_group);
       }
-      out.layers = Layers(cells, /*positions=*/true);
+      out.layers = Layers(cells, /*positions=*/true, &out.report);
       if (j.reservation.has_value()) store->Unreserve(*j.reservation);  // the job's bytes
       j.reservation.reset();
       j.compress_done(std::move(out));

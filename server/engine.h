@@ -216,6 +216,7 @@ struct GroupCache {
   int64_t retained = 0;
   std::vector<int64_t> positions;  // when asked
   int64_t kv_bytes = 0;
+  double retained_mass = -1;       // CompressionReport::retained_mass of the last compression
 };
 struct LayerCacheInfo {
   std::vector<GroupCache> groups;

@@ -360,7 +360,7 @@ void Engine::InspectCache(Caller caller, std::string session_id, bool include_po
         const model::KvCache& hot = (*data)->hot;
         CacheInspection out;
         out.session = impl->Info(*meta);
-        out.layers = impl->Layers(hot.cells(), include_positions);
+        out.layers = impl->Layers(hot.cells(), include_positions, &meta->last_report);
         for (const LayerCacheInfo& l : out.layers) out.total_retained_entries += l.retained * impl->facts.num_kv_heads;
         out.total_kv_bytes = hot.KvBytes();
         out.full_equivalent_kv_bytes = hot.FullEquivalentKvBytes(meta->tokens_seen);

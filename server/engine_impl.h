@@ -324,7 +324,10 @@ class Engine::Impl {
                            const std::optional<absl::Duration>& ttl) const;
   SessionInfo Info(const SessionMeta& m) const;
   SessionMeta MetaFor(const SessionData& data, const compression::CompressionReport& report, MemoryMode memory) const;
-  std::vector<LayerCacheInfo> Layers(const model::KvCells& cells, bool positions) const;
+  // Per layer and group: entries, bytes, positions (when asked) and the retained
+  // attention mass of `report` (the compression that made these cells; -1 without one).
+  std::vector<LayerCacheInfo> Layers(const model::KvCells& cells, bool positions,
+                                     const compression::CompressionReport* report) const;
   std::function<void(const std::string&, int64_t, int64_t)> ProgressAdapter(ProgressFn progress,
                                                                             absl::Time admitted) const;
   // Counts a refusal by a limit (ErrorInfo::limit) in the observer's rejections.

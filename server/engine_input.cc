@@ -89,7 +89,8 @@ SessionMeta Engine::Impl::MetaFor(const SessionData& data, const compression::Co
   return m;
 }
 
-std::vector<LayerCacheInfo> Engine::Impl::Layers(const model::KvCells& cells, bool positions) const {
+std::vector<LayerCacheInfo> Engine::Impl::Layers(const model::KvCells& cells, bool positions,
+                                                 const compression::CompressionReport* report) const {
   const int64_t row = bytes_per_token / std::max(1, facts.num_layers * facts.num_kv_heads);
   std::vector<LayerCacheInfo> out;
   for (int l = 0; l < cells.num_layers(); ++l) {
@@ -100,6 +101,11 @@ std::vector<LayerCacheInfo> Engine::Impl::Layers(const model::KvCells& cells, bo
       gc.retained = static_cast<int64_t>(cells.positions(l, g).size());
       if (positions) gc.positions = cells.positions(l, g);
       gc.kv_bytes = gc.retained * row;
+      const size_t at = static_cast<size_t>(l) * cells.num_kv_heads() + g;
+      if (report != nullptr && report->retained_mass.size() == static_cast<size_t>(cells.num_layers()) *
+                                                                  static_cast<size_t>(cells.num_kv_heads())) {
+        gc.retained_mass = report->retained_mass[at];
+      }
       layer.kv_bytes += gc.kv_bytes;
       layer.groups.push_back(std::move(gc));
     }

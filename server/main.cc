@@ -21,6 +21,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/impl/server_builder_option.h>
 #include <grpcpp/impl/server_builder_plugin.h>
+#include <pthread.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -219,15 +220,33 @@ absl::StatusOr<EngineConfig> ConfigFromFlags() {
   return c;
 }
 
+// The thread that sigwaits for the shutdown signals (Run's).
+pthread_t g_signal_thread;
+
+// A shutdown signal delivered to a thread that does not block it goes on to the
+// sigwaiting thread, where it stays pending until sigwait takes it (pthread_kill is
+// async-signal-safe).
+void ForwardSignal(int sig) { pthread_kill(g_signal_thread, sig); }
+
 int Run() {
-  // Block the shutdown signals in every thread (threads inherit the mask), so only
-  // the sigwait below sees them.
+  // Block the shutdown signals here; threads started from now on inherit the mask, so
+  // only the sigwait below sees them. Threads that exist already do not block them
+  // (OpenBLAS starts its team when the library loads, before main): a SIGTERM the kernel
+  // hands to one of those would kill the process with the default action (exit -15, no
+  // drain; seen in about one start in three of server_outside_ops_test), so a handler
+  // forwards it to this thread instead.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  g_signal_thread = pthread_self();
+  struct sigaction forward {};
+  forward.sa_handler = ForwardSignal;
+  sigemptyset(&forward.sa_mask);
+  forward.sa_flags = SA_RESTART;
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &forward, nullptr);
 
   absl::StatusOr<EngineConfig> config = ConfigFromFlags();
   if (!config.ok()) {

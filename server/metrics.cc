@@ -64,6 +64,11 @@ struct Metrics::Impl {
       .Name("echokv_compression_ratio")
       .Help("Retained / full KV bytes of each compression result")
       .Register(*registry);
+  prometheus::Family<prometheus::Histogram>& retained_mass = prometheus::BuildHistogram()
+      .Name("echokv_retained_attention_mass")
+      .Help("Share of the probe queries' attention mass on the kept entries (mean over layers and KV groups) "
+            "of each compression that evicted and measured it")
+      .Register(*registry);
   prometheus::Family<prometheus::Histogram>& prefill = prometheus::BuildHistogram()
       .Name("echokv_prefill_seconds")
       .Help("Prefill seconds per compression request")
@@ -277,6 +282,12 @@ void Metrics::OnCompression(const CompressionStats& stats) {
       .Add({{"policy", stats.policy}},
            prometheus::Histogram::BucketBoundaries{0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0})
       .Observe(stats.ratio);
+  if (stats.evicted && stats.retained_mass >= 0) {
+    impl_->retained_mass
+        .Add({{"policy", stats.policy}},
+             prometheus::Histogram::BucketBoundaries{0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99, 1.0})
+        .Observe(stats.retained_mass);
+  }
   impl_->prefill_h.Observe(stats.prefill_seconds);
   impl_->prompt_tokens_c.Increment(static_cast<double>(stats.prompt_tokens));
   impl_->evicted_bytes_c.Increment(static_cast<double>(stats.evicted_kv_bytes));

@@ -86,6 +86,9 @@ void FillReport(const compression::CompressionReport& r, pb::CompressionReport* 
   out->set_overlap_w1_final(r.overlap_w1_final);
   out->set_overlap_w2_final(r.overlap_w2_final);
   for (int t : r.lookahead_tokens) out->add_lookahead_tokens(t);
+  for (double m : r.retained_mass) out->add_retained_mass(m);
+  out->set_retained_mass_mean(r.RetainedMassMean());
+  out->set_retained_mass_min(r.RetainedMassMin());
   out->set_total_seconds(r.TotalSeconds(/*include_prefill=*/true));
   out->set_lookahead_seconds(r.SecondsOf("bootstrap") + r.SecondsOf("round1") + r.SecondsOf("repair") +
                              r.SecondsOf("round2"));
@@ -106,6 +109,7 @@ void FillSession(const SessionInfo& s, pb::Session* out) {
   FillConfig(s.config, out->mutable_compression());
   out->mutable_compression()->set_memory(std::string(MemoryModeName(s.memory)));
   FillReport(s.last_report, out->mutable_last_report());
+  out->set_retained_mass(s.last_report.RetainedMassMean());
   out->set_created_unix_ms(absl::ToUnixMillis(s.created));
   out->set_last_used_unix_ms(absl::ToUnixMillis(s.last_used));
   out->set_ttl_seconds(absl::ToInt64Seconds(s.ttl));
@@ -138,6 +142,7 @@ void FillLayers(const std::vector<LayerCacheInfo>& layers, google::protobuf::Rep
       o->set_group(static_cast<int>(g));
       o->set_retained(gc.retained);
       o->set_kv_bytes(gc.kv_bytes);
+      o->set_retained_mass(gc.retained_mass);
       for (int64_t p : gc.positions) o->add_positions(p);
     }
   }

@@ -28,6 +28,7 @@ struct CompressionStats {
   int64_t prompt_tokens = 0;                   // tokens prefilled
   int64_t evicted_kv_bytes = 0;                // bytes dropped by this compression
   double ratio = 1;                            // retained / full bytes of the result
+  double retained_mass = -1;                   // CompressionReport::RetainedMassMean (-1: not measured)
 };
 
 // Live totals, reported after every change.

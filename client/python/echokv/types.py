@@ -204,6 +204,12 @@ class CompressionReport:
     lookahead_tokens: Tuple[int, ...]
     total_seconds: float
     lookahead_seconds: float
+    # The fidelity signal (docs/ALGORITHM.md §7): per layer and KV group
+    # (retained_mass[layer * num_kv_heads + group]) the share of the probe queries'
+    # attention mass on the kept entries; 1 = all kept, -1 = not measured.
+    retained_mass: Tuple[float, ...] = ()
+    retained_mass_mean: float = -1.0
+    retained_mass_min: float = -1.0
 
     @classmethod
     def from_proto(cls, m):
@@ -218,7 +224,8 @@ class CompressionReport:
             evicted=m.evicted, overlap_w1_w2=m.overlap_w1_w2,
             overlap_w1_final=m.overlap_w1_final, overlap_w2_final=m.overlap_w2_final,
             lookahead_tokens=tuple(m.lookahead_tokens), total_seconds=m.total_seconds,
-            lookahead_seconds=m.lookahead_seconds)
+            lookahead_seconds=m.lookahead_seconds, retained_mass=tuple(m.retained_mass),
+            retained_mass_mean=m.retained_mass_mean, retained_mass_min=m.retained_mass_min)
 
 
 def _datetime(unix_ms):
@@ -248,6 +255,8 @@ class Session:
     messages: Tuple["ChatMessage", ...] = ()
     # get(include_tokens=True): every token the session holds, in order.
     tokens: Tuple[int, ...] = ()
+    # last_report.retained_mass_mean (-1 = not measured).
+    retained_mass: float = -1.0
 
     @property
     def owner(self):
@@ -275,7 +284,7 @@ class Session:
             ttl_seconds=m.ttl_seconds, busy=m.busy, memory=m.memory,
             hot_kv_bytes=m.hot_kv_bytes, cold_kv_bytes=m.cold_kv_bytes,
             messages=tuple(ChatMessage.from_proto(x) for x in m.messages),
-            tokens=tuple(m.tokens))
+            tokens=tuple(m.tokens), retained_mass=m.retained_mass)
 
 
 @dataclass(frozen=True)
@@ -426,6 +435,7 @@ class KvGroupCache:
     retained: int
     positions: Tuple[int, ...]
     kv_bytes: int
+    retained_mass: float = -1.0  # the last compression's, for this layer and group
 
 
 @dataclass(frozen=True)
@@ -438,7 +448,7 @@ class LayerCache:
     @classmethod
     def from_proto(cls, m):
         return cls(m.layer, tuple(KvGroupCache(g.group, g.retained, tuple(g.positions),
-                                               g.kv_bytes) for g in m.groups),
+                                               g.kv_bytes, g.retained_mass) for g in m.groups),
                    m.retained, m.kv_bytes)
 
 
