@@ -155,10 +155,8 @@ class Server:
     def kill(self, wait=True):
         """SIGKILL (a crash); with wait, reaps the process."""
         self.killed = True
-        try:
-            os.kill(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if self.process.poll() is None:  # never a signal to a reaped (reusable) pid
+            self.process.kill()
         if wait:
             self.process.wait()
 
