@@ -20,6 +20,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -334,6 +335,32 @@ def stories260k():
         print("no config.json in " + model)
         sys.exit(1)
     return model
+
+
+def reexec_in_private_mount_namespace(env_name, skipped):
+    """Mounts (a tmpfs, a read-only bind) need a mount namespace of our own, so that
+    nothing leaks into the host's mounts even if this process dies: re-executes this
+    script under `unshare --mount` when allowed, with $`env_name` = "1"; where it is not,
+    sets it to "0" and says that `skipped` is skipped (the test then skips that part,
+    which ctest reports as skipped and CI as a failure). Returns only in the latter case
+    or once re-executed ($`env_name` already set)."""
+    if os.environ.get(env_name) is not None:
+        return
+    unshare = shutil.which("unshare")
+    # In a chroot "/" is not a mount point and cannot be made private; then our mounts
+    # could only leak through a shared mount, and with none nothing propagates.
+    with open("/proc/self/mountinfo") as f:
+        any_shared = " shared:" in f.read()
+    for propagation in ("private", None if any_shared else "unchanged"):
+        if not unshare or propagation is None:
+            continue
+        command = [unshare, "--mount", "--propagation", propagation]
+        if subprocess.run(command + ["true"], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode == 0:
+            os.environ[env_name] = "1"
+            os.execv(unshare, command + [sys.executable] + sys.argv)
+    os.environ[env_name] = "0"
+    print("NOTE: `unshare --mount` is not permitted here: %s skipped" % skipped)
 
 
 def import_client(folder):

@@ -342,22 +342,7 @@ def main():
     global ARGS, echokv, grpc, health_pb2, health_pb2_grpc
     args, rest = harness.arguments(__doc__).parse_known_args()
     args.model = harness.stories260k()
-    # The read-only bind mount needs a mount namespace of our own (nothing leaks into the
-    # host's mounts, even if this process dies): re-execute under unshare when allowed.
-    if os.environ.get(NAMESPACE_ENV) is None:
-        unshare = shutil.which("unshare")
-        with open("/proc/self/mountinfo") as f:
-            any_shared = " shared:" in f.read()
-        for propagation in ("private", None if any_shared else "unchanged"):
-            if not unshare or propagation is None:
-                continue
-            command = [unshare, "--mount", "--propagation", propagation]
-            if subprocess.run(command + ["true"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL).returncode == 0:
-                os.environ[NAMESPACE_ENV] = "1"
-                os.execv(unshare, command + [sys.executable] + sys.argv)
-        os.environ[NAMESPACE_ENV] = "0"
-        print("NOTE: `unshare --mount` is not permitted here: the read-only state dir part is skipped")
+    harness.reexec_in_private_mount_namespace(NAMESPACE_ENV, "the read-only state dir part is")
     ARGS = args
     echokv = harness.import_client(args.client)
     import grpc as grpc_module

@@ -359,24 +359,7 @@ def main():
     parser.add_argument("--make-test-model", required=True, help="the echokv-make-test-model binary")
     args, rest = parser.parse_known_args()
     args.model = harness.stories260k()
-    # Mounting a small tmpfs needs a mount namespace of our own (so nothing leaks into the
-    # host's mounts, even if this process dies): re-execute under unshare when allowed.
-    if os.environ.get(NAMESPACE_ENV) is None:
-        unshare = shutil.which("unshare")
-        # In a chroot "/" is not a mount point and cannot be made private; then our
-        # mounts could only leak through a shared mount, and with none nothing propagates.
-        with open("/proc/self/mountinfo") as f:
-            any_shared = " shared:" in f.read()
-        for propagation in ("private", None if any_shared else "unchanged"):
-            if not unshare or propagation is None:
-                continue
-            command = [unshare, "--mount", "--propagation", propagation]
-            if subprocess.run(command + ["true"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL).returncode == 0:
-                os.environ[NAMESPACE_ENV] = "1"
-                os.execv(unshare, command + [sys.executable] + sys.argv)
-        os.environ[NAMESPACE_ENV] = "0"
-        print("NOTE: `unshare --mount` is not permitted here: the tmpfs parts are skipped")
+    harness.reexec_in_private_mount_namespace(NAMESPACE_ENV, "the tmpfs parts are")
     ARGS = args
     echokv = harness.import_client(args.client)
     # A skipped part is not a passed one: ctest reports it as skipped (and CI fails).
