@@ -3,7 +3,8 @@ real echokv-server on loopback with --port-file and reading its ports, its log, 
 SIGTERM stop that checks the exit code, HTTP requests and SSE streams on the OpenAI
 door, /metrics, polling with a hang guard, the model folder with a chat template, and
 the command line, skip and exit-code conventions of echokv_server_py_test
-(tests/server/CMakeLists.txt).
+(tests/server/CMakeLists.txt), and the re-execution in a private mount namespace of
+the tests that mount file systems.
 
 A test imports it as `import harness` after putting its own folder first on sys.path
 (ctest runs the scripts by absolute path from the build folder, so the folder of the
