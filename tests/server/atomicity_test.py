@@ -27,29 +27,20 @@ Needs $ECHOKV_TEST_DATA (models/stories260K); exits 77 (ctest: skipped) when uns
 No assertion depends on timing: waits poll with a generous ceiling.
 """
 
-import argparse
 import dataclasses
-import http.client
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 import unittest
-import urllib.request
 
-SKIP = 77
-HANG_GUARD_S = 120
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import HANG_GUARD_S  # noqa: E402
+
 STORY = ("Once upon a time, there was a little girl named Lily. She loved to play outside in "
          "the park with her friends.")
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 CONTEXT = 512  # stories260K's max_position_embeddings
 
 ARGS = None
@@ -57,64 +48,20 @@ SERVER = None
 echokv = None
 
 
-class ServerProcess:
+class ServerProcess(harness.Server):
     def __init__(self, model, state_dir):
-        self.tmp = tempfile.TemporaryDirectory(prefix="echokv-atomic-")
-        self.port_file = os.path.join(self.tmp.name, "ports")
-        self.log_path = os.path.join(self.tmp.name, "server.log")
-        self.log = open(self.log_path, "w")
-        self.process = subprocess.Popen(
-            [ARGS.server_binary, "--model", model, "--insecure", "--host", "127.0.0.1", "--port", "0",
-             "--metrics-port", "0", "--http-port", "0", "--port-file", self.port_file, "--threads", "1",
-             "--http-send-buffer-bytes", "16384", "--state-dir", state_dir, "--fsync", "none",
-             "--default-policy", "snapkv", "--default-budget", "24"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + HANG_GUARD_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError("echokv-server exited with %d:\n%s" % (self.process.returncode, self.tail()))
-            if os.path.exists(self.port_file):
-                with open(self.port_file) as f:
-                    ports = [int(x) for x in f.read().split()]
-                if len(ports) == 3:
-                    self.grpc_port, self.metrics_port, self.http_port = ports
-                    break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("echokv-server wrote no --port-file")
-        self.grpc = echokv.Client("127.0.0.1:%d" % self.grpc_port)
-
-    def tail(self):
-        self.log.flush()
-        with open(self.log_path) as f:
-            return f.read()[-4000:]
+        super().__init__(ARGS.server_binary, model, name="atomic",
+                         extra=["--http-send-buffer-bytes", "16384", "--state-dir", state_dir, "--fsync", "none",
+                                "--default-policy", "snapkv", "--default-budget", "24"])
+        self.grpc = echokv.Client(self.address)
 
     def stop(self):
         self.grpc.close()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                code = self.process.wait(timeout=HANG_GUARD_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-                raise AssertionError("echokv-server ignored SIGTERM")
-            if code != 0:
-                raise AssertionError("echokv-server exited with %d:\n%s" % (code, self.tail()))
-        self.log.close()
-        self.tmp.cleanup()
+        super().stop()
 
 
 def request(method, path, body=None):
-    conn = http.client.HTTPConnection("127.0.0.1", SERVER.http_port, timeout=HANG_GUARD_S)
-    try:
-        conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
-                     headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        payload = resp.read()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, payload
-    finally:
-        conn.close()
+    return harness.request(SERVER.http_port, method, path, body)
 
 
 def post(path, body):
@@ -125,36 +72,14 @@ def post(path, body):
 
 
 def metric(name):
-    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % SERVER.metrics_port, timeout=HANG_GUARD_S) as r:
-        text = r.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        head, _, value = line.rpartition(" ")
-        if head == name or head.startswith(name + "{"):
-            total += float(value)
-    return total
+    return SERVER.metric(name)
 
 
 def stalled_stream(path, body):
     """A streamed request on a raw socket with a tiny receive buffer: reads the head and
     the first event, then stops reading (the server holds the stream back, so it cannot
     finish); the caller closes the socket."""
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.settimeout(HANG_GUARD_S)
-    s.connect(("127.0.0.1", SERVER.http_port))
-    data = json.dumps(body).encode()
-    s.sendall(b"POST %s HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-              b"Content-Length: %d\r\n\r\n" % (path.encode(), len(data)) + data)
-    got = b""
-    while b"data: " not in got:
-        more = s.recv(1024)
-        if not more:
-            raise AssertionError("the stream closed early: %r" % got)
-        got += more
-    if not got.startswith(b"HTTP/1.1 200"):
-        raise AssertionError("stream refused: %r" % got[:300])
-    return s
+    return harness.stalled_stream(SERVER.http_port, path, body)[0]
 
 
 def state(sid):
@@ -188,13 +113,7 @@ def setUpModule():
     global SERVER, MODEL_DIR, STATE_DIR
     MODEL_DIR = tempfile.TemporaryDirectory(prefix="echokv-atomic-model-")
     STATE_DIR = tempfile.TemporaryDirectory(prefix="echokv-atomic-state-")
-    out = os.path.join(MODEL_DIR.name, "stories260K")
-    os.makedirs(out)
-    for name in os.listdir(ARGS.source_model):
-        os.symlink(os.path.join(ARGS.source_model, name), os.path.join(out, name))
-    with open(os.path.join(out, "chat_template.jinja"), "w") as f:
-        f.write(CHAT_TEMPLATE)
-    ARGS.model = out
+    ARGS.model = harness.model_with_chat_template(ARGS.source_model, MODEL_DIR.name)
     SERVER = ServerProcess(ARGS.model, STATE_DIR.name)
 
 
@@ -204,13 +123,9 @@ def tearDownModule():
     STATE_DIR.cleanup()
 
 
-class AtomicityTest(unittest.TestCase):
-    def run(self, result=None):
-        failures = len(result.failures) + len(result.errors) if result else 0
-        outcome = super().run(result)
-        if result is not None and len(result.failures) + len(result.errors) > failures:
-            sys.stderr.write("---- echokv-server log (tail) ----\n" + SERVER.tail() + "\n")
-        return outcome
+class AtomicityTest(harness.LogOnFailure, unittest.TestCase):
+    def failure_server(self):
+        return SERVER
 
     def sessions(self):
         """An evicting and a tiered text session, each after one committed turn."""
@@ -399,23 +314,11 @@ class AtomicityTest(unittest.TestCase):
 
 def main():
     global ARGS, echokv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server-binary", required=True)
-    parser.add_argument("--client", required=True, help="folder holding the echokv package")
-    args, rest = parser.parse_known_args()
-    data = os.environ.get("ECHOKV_TEST_DATA")
-    if not data:
-        print("SKIPPED: $ECHOKV_TEST_DATA is unset (needs models/stories260K)")
-        return SKIP
-    args.source_model = os.path.join(data, "models", "stories260K")
+    args, rest = harness.arguments(__doc__).parse_known_args()
+    args.source_model = harness.stories260k()
     ARGS = args
-    sys.path.insert(0, args.client)
-    import echokv as echokv_module
-    echokv = echokv_module
-    program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-    if not program.result.wasSuccessful():
-        return 1
-    return SKIP if program.result.skipped else 0
+    echokv = harness.import_client(args.client)
+    return harness.run_tests(rest)
 
 
 if __name__ == "__main__":

@@ -27,19 +27,19 @@ kill moments are wall-clock and cannot replay exactly).
 Needs $ECHOKV_TEST_DATA (models/stories260K); exits 77 (ctest: skipped) when unset.
 """
 
-import argparse
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import unittest
 
-SKIP = 77
-HANG_GUARD_S = 120  # ceiling of every wait; reaching it is a failure
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import HANG_GUARD_S  # noqa: E402
+
 GREEDY_N = 6        # greedy tokens recorded per state; a commit generates at most this many
 MAX_TOKENS = 160    # a session longer than this is deleted (stories260K's context is 512)
 MAX_SESSIONS = 4
@@ -50,45 +50,18 @@ ARGS = None
 echokv = None
 
 
-class Server:
+class Server(harness.Server):
     """One echokv-server process on `state_dir`; its log accumulates in `log_path`."""
 
     def __init__(self, state_dir, work, log_path):
-        self.port_file = os.path.join(work, "ports")
-        if os.path.exists(self.port_file):
-            os.remove(self.port_file)
-        self.log_path = log_path
-        with open(log_path, "a") as log:
-            log.write("==== start ====\n")
-            log.flush()
-            self.process = subprocess.Popen(
-                [ARGS.server_binary, "--model", ARGS.model, "--host", "127.0.0.1", "--insecure",
-                 "--port", "0", "--metrics-port=-1", "--port-file", self.port_file,
-                 "--threads", "1", "--prefill-chunk", "4", "--state-dir", state_dir,
-                 "--fsync", "always"],
-                stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + HANG_GUARD_S
-        while True:
-            if self.process.poll() is not None:
-                raise AssertionError("echokv-server exited with %d at start:\n%s"
-                                     % (self.process.returncode, tail(log_path)))
-            if os.path.exists(self.port_file):
-                with open(self.port_file) as f:
-                    ports = f.read().split()
-                if len(ports) >= 2:
-                    self.port = int(ports[0])
-                    break
-            if time.monotonic() > deadline:
-                raise AssertionError("echokv-server wrote no --port-file")
-            time.sleep(0.02)
-        self.client = echokv.Client("127.0.0.1:%d" % self.port, retry=False, timeout=60,
-                                    stream_timeout=60)
+        super().__init__(ARGS.server_binary, ARGS.model, http=False, metrics=False, work=work, log_path=log_path,
+                         poll_s=0.02, extra=["--prefill-chunk", "4", "--state-dir", state_dir, "--fsync", "always"])
+        self.port = self.grpc_port
+        self.client = echokv.Client(self.address, retry=False, timeout=60, stream_timeout=60)
 
     def kill(self):
-        try:
-            os.kill(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        """SIGKILL without waiting (the Killer's timer thread); reap() waits."""
+        super().kill(wait=False)
 
     def reap(self):
         self.client.close()
@@ -413,29 +386,15 @@ class AcknowledgedDeleteTest(unittest.TestCase):
 
 def main():
     global ARGS, echokv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server-binary", required=True)
-    parser.add_argument("--client", required=True, help="folder holding the echokv package")
+    parser = harness.arguments(__doc__)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--kills", type=int, default=52)
     args, rest = parser.parse_known_args()
-    data = os.environ.get("ECHOKV_TEST_DATA")
-    if not data:
-        print("SKIPPED: $ECHOKV_TEST_DATA is unset (needs models/stories260K)")
-        return SKIP
-    args.model = os.path.join(data, "models", "stories260K")
-    if not os.path.isfile(os.path.join(args.model, "config.json")):
-        print("no config.json in " + args.model)
-        return 1
+    args.model = harness.stories260k()
     ARGS = args
-    sys.path.insert(0, args.client)
-    import echokv as echokv_module
-    echokv = echokv_module
-    program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-    if not program.result.wasSuccessful():
-        return 1
+    echokv = harness.import_client(args.client)
     # A skipped case is not a passed one: ctest reports it as skipped (and CI fails).
-    return SKIP if program.result.skipped else 0
+    return harness.run_tests(rest)
 
 
 if __name__ == "__main__":

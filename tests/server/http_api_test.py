@@ -27,22 +27,21 @@ No assertion depends on timing: waits poll for a state with a generous ceiling t
 only guards against hangs.
 """
 
-import argparse
-import http.client
 import hashlib
 import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 import unittest
 import urllib.request
 
-SKIP = 77
-HANG_GUARD_S = 120  # ceiling of every wait; reaching it is a failure, never a pass
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import HANG_GUARD_S, wait_until  # noqa: E402
+
 STORY = (
     "Once upon a time, there was a little girl named Lily. She loved to play outside in "
     "the park with her friends. One day, she found a small red ball under a big tree.")
@@ -54,132 +53,30 @@ SERVER = None
 echokv = None
 
 
-class ServerProcess:
-    """echokv-server on loopback with all three doors; ports from --port-file (3 lines)."""
-
-    def __init__(self, extra=(), model=None):
-        self.tmp = tempfile.TemporaryDirectory(prefix="echokv-http-")
-        self.port_file = os.path.join(self.tmp.name, "ports")
-        self.log_path = os.path.join(self.tmp.name, "server.log")
-        self.log = open(self.log_path, "w")
-        args = [ARGS.server_binary, "--model", model or ARGS.model, "--host", "127.0.0.1", "--port", "0",
-                "--metrics-port", "0", "--http-port", "0", "--port-file", self.port_file,
-                "--threads", "1", "--http-send-buffer-bytes", str(SMALL_SNDBUF),
-                "--http-max-body-bytes", "262144"] + list(extra)
-        if "--auth_tokens_file" not in extra:
-            args.append("--insecure")
-        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def wait_listening(self):
-        deadline = time.monotonic() + HANG_GUARD_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError("echokv-server exited with %d:\n%s"
-                                     % (self.process.returncode, self.tail()))
-            if os.path.exists(self.port_file):
-                with open(self.port_file) as f:
-                    ports = [int(x) for x in f.read().split()]
-                if len(ports) == 3:
-                    self.grpc_port, self.metrics_port, self.http_port = ports
-                    return self
-            time.sleep(0.05)
-        raise AssertionError("echokv-server wrote no --port-file")
-
-    def tail(self):
-        self.log.flush()
-        with open(self.log_path) as f:
-            return f.read()[-4000:]
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                code = self.process.wait(timeout=HANG_GUARD_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-                raise AssertionError("echokv-server ignored SIGTERM")
-            if code != 0:
-                raise AssertionError("echokv-server exited with %d after SIGTERM:\n%s"
-                                     % (code, self.tail()))
-        self.log.close()
-        self.tmp.cleanup()
+def start_server(extra=(), model=None):
+    """echokv-server on loopback with all three doors (insecure unless a tokens file)."""
+    return harness.Server(ARGS.server_binary, model or ARGS.model, name="http",
+                          insecure="--auth_tokens_file" not in extra,
+                          extra=["--http-send-buffer-bytes", str(SMALL_SNDBUF),
+                                 "--http-max-body-bytes", "262144"] + list(extra))
 
 
-# stories260K ships no chat template, and a model without one refuses chat input. The
-# tests serve it from a folder of links to its files plus a chat_template.jinja (the
-# loader's second source, model/chat_template.h): ChatML, plain text for this tokenizer.
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
-
-
-def model_with_chat_template(model, parent):
-    """A folder named like `model` holding links to its files and CHAT_TEMPLATE (so the
-    served model id stays "stories260K")."""
-    out = os.path.join(parent, os.path.basename(model))
-    os.makedirs(out)
-    for name in os.listdir(model):
-        os.symlink(os.path.join(model, name), os.path.join(out, name))
-    with open(os.path.join(out, "chat_template.jinja"), "w") as f:
-        f.write(CHAT_TEMPLATE)
-    return out
-
-
-# ---- HTTP helpers (standard library only) ----
+# ---- HTTP helpers (standard library only, harness.py) ----
 
 def request(method, path, body=None, headers=None, raw=None, server=None, timeout=HANG_GUARD_S):
     """One request; returns (status, headers {lower-case name: value}, bytes)."""
-    server = server or SERVER
-    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=timeout)
-    try:
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        h = {"Content-Type": "application/json"}
-        h.update(headers or {})
-        conn.request(method, path, body=data, headers=h)
-        resp = conn.getresponse()
-        payload = resp.read()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, payload
-    finally:
-        conn.close()
+    return harness.request((server or SERVER).http_port, method, path, body, headers, raw, timeout)
 
 
 def post(path, body, headers=None, server=None):
-    status, h, payload = request("POST", path, body, headers, server=server)
-    return status, h, json.loads(payload)
+    return harness.post_json((server or SERVER).http_port, path, body, headers)
 
 
 def sse(path, body, headers=None):
     """A streamed request: returns (headers, [event data strings]) after checking the
     SSE framing: every event is one `data:` line followed by a blank line, and the
     stream ends right after `data: [DONE]`."""
-    conn = http.client.HTTPConnection("127.0.0.1", SERVER.http_port, timeout=HANG_GUARD_S)
-    try:
-        h = {"Content-Type": "application/json"}
-        h.update(headers or {})
-        conn.request("POST", path, body=json.dumps(body).encode(), headers=h)
-        resp = conn.getresponse()
-        heads = {k.lower(): v for k, v in resp.getheaders()}
-        if resp.status != 200:
-            raise AssertionError("stream answered %d: %s" % (resp.status, resp.read()))
-        if heads.get("content-type") != "text/event-stream":
-            raise AssertionError("content-type %r" % heads.get("content-type"))
-        text = resp.read().decode("utf-8")
-    finally:
-        conn.close()
-    if not text.endswith("\n\n"):
-        raise AssertionError("the stream does not end with a blank line: %r" % text[-80:])
-    events = []
-    for block in text[:-2].split("\n\n"):
-        lines = block.split("\n")
-        if len(lines) != 1 or not lines[0].startswith("data: "):
-            raise AssertionError("not one data line: %r" % block)
-        events.append(lines[0][len("data: "):])
-    if events[-1] != "[DONE]" or "[DONE]" in events[:-1]:
-        raise AssertionError("[DONE] is not the last event alone: %r" % events[-3:])
-    return heads, events[:-1]
+    return harness.sse(SERVER.http_port, path, body, headers)
 
 
 def chunks(events):
@@ -188,53 +85,14 @@ def chunks(events):
 
 
 def metric(name, labels=None, server=None):
-    server = server or SERVER
-    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % server.metrics_port,
-                                timeout=HANG_GUARD_S) as r:
-        text = r.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name):
-            continue
-        head, _, value = line.rpartition(" ")
-        if labels and not all('%s="%s"' % kv in head for kv in labels.items()):
-            continue
-        if head == name or head.startswith(name + "{"):
-            total += float(value)
-    return total
-
-
-def wait_until(predicate, what):
-    deadline = time.monotonic() + HANG_GUARD_S
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("gave up waiting (hang guard) for: " + what)
+    return (server or SERVER).metric(name, labels)
 
 
 def stalled_stream(body, server=None, path="/v1/chat/completions"):
     """Starts a streamed request on a raw socket with a tiny receive buffer and reads
     only the response head and the first event; the caller stops reading (the server
     holds the stream back) and eventually closes the socket."""
-    server = server or SERVER
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.settimeout(HANG_GUARD_S)
-    s.connect(("127.0.0.1", server.http_port))
-    data = json.dumps(body).encode()
-    s.sendall(b"POST %s HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-              b"Content-Length: %d\r\n\r\n" % (path.encode(), len(data)) + data)
-    got = b""
-    while b"data: " not in got:
-        more = s.recv(1024)
-        if not more:
-            raise AssertionError("the stream closed early: %r" % got)
-        got += more
-    if not got.startswith(b"HTTP/1.1 200"):
-        raise AssertionError("stream refused: %r" % got[:300])
-    return s
+    return harness.stalled_stream((server or SERVER).http_port, path, body)[0]
 
 
 def chat_body(messages, **kw):
@@ -257,8 +115,8 @@ MODEL_DIR = None  # the TemporaryDirectory holding the served model folder
 def setUpModule():
     global SERVER, MODEL_DIR
     MODEL_DIR = tempfile.TemporaryDirectory(prefix="echokv-http-model-")
-    ARGS.model = model_with_chat_template(ARGS.source_model, MODEL_DIR.name)
-    SERVER = ServerProcess().wait_listening()
+    ARGS.model = harness.model_with_chat_template(ARGS.source_model, MODEL_DIR.name)
+    SERVER = start_server()
 
 
 def tearDownModule():
@@ -266,7 +124,10 @@ def tearDownModule():
     MODEL_DIR.cleanup()
 
 
-class HttpTestCase(unittest.TestCase):
+class HttpTestCase(harness.LogOnFailure, unittest.TestCase):
+    def failure_server(self):
+        return SERVER
+
     def grpc(self):
         client = echokv.Client("127.0.0.1:%d" % SERVER.grpc_port)
         self.addCleanup(client.close)
@@ -284,13 +145,6 @@ class HttpTestCase(unittest.TestCase):
         if code is not None:
             self.assertEqual(err["code"], code, err)
         return err
-
-    def run(self, result=None):
-        failures = len(result.failures) + len(result.errors) if result else 0
-        outcome = super().run(result)
-        if result is not None and len(result.failures) + len(result.errors) > failures:
-            sys.stderr.write("---- echokv-server log (tail) ----\n" + SERVER.tail() + "\n")
-        return outcome
 
 
 class ModelsTest(HttpTestCase):
@@ -810,7 +664,7 @@ class IdleConnectionsTest(HttpTestCase):
 
 class LimitsAndShutdownTest(HttpTestCase):
     def test_concurrency_limit_then_drain(self):
-        server = ServerProcess(["--max-concurrent-streams", "1", "--shutdown-grace", "60s"]).wait_listening()
+        server = start_server(["--max-concurrent-streams", "1", "--shutdown-grace", "60s"])
         try:
             held = stalled_stream(chat_body([{"role": "user", "content": "Tell me a long story."}],
                                             stream=True, max_tokens=400, ignore_eos=True,
@@ -832,7 +686,7 @@ class LimitsAndShutdownTest(HttpTestCase):
 
 class NoChatTemplateTest(HttpTestCase):
     def test_chat_without_a_template_is_refused_on_messages(self):
-        server = ServerProcess(model=ARGS.source_model).wait_listening()
+        server = start_server(model=ARGS.source_model)
         try:
             status, _, body = post("/v1/chat/completions", chat_body([{"role": "user", "content": "Hi"}]),
                                    server=server)
@@ -857,7 +711,7 @@ class AuthTest(unittest.TestCase):
         with open(tokens, "w") as f:
             for tenant, token in (("alice", "tok-alice"), ("bob", "tok-bob")):
                 f.write("%s %s\n" % (tenant, hashlib.sha256(token.encode()).hexdigest()))
-        cls.server = ServerProcess(extra=["--auth_tokens_file", tokens]).wait_listening()
+        cls.server = start_server(extra=["--auth_tokens_file", tokens])
 
     @classmethod
     def tearDownClass(cls):
@@ -897,27 +751,11 @@ class AuthTest(unittest.TestCase):
 
 def main():
     global ARGS, echokv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server-binary", required=True)
-    parser.add_argument("--client", required=True, help="folder holding the echokv package")
-    args, rest = parser.parse_known_args()
-    data = os.environ.get("ECHOKV_TEST_DATA")
-    if not data:
-        print("SKIPPED: $ECHOKV_TEST_DATA is unset (needs models/stories260K)")
-        return SKIP
-    args.source_model = os.path.join(data, "models", "stories260K")
-    if not os.path.isfile(os.path.join(args.source_model, "config.json")):
-        print("no config.json in " + args.source_model)
-        return 1
+    args, rest = harness.arguments(__doc__).parse_known_args()
+    args.source_model = harness.stories260k()
     ARGS = args
-    sys.path.insert(0, args.client)
-    import echokv as echokv_module
-    echokv = echokv_module
-    program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-    if not program.result.wasSuccessful():
-        return 1
-    # A skipped case is not a passed one: ctest reports it as skipped (and CI fails).
-    return SKIP if program.result.skipped else 0
+    echokv = harness.import_client(args.client)
+    return harness.run_tests(rest)
 
 
 if __name__ == "__main__":

@@ -28,121 +28,58 @@ wait polls with a generous ceiling that only guards against hangs.
         --server-binary build/bin/echokv-server --client client/python
 """
 
-import argparse
 import hashlib
-import http.client
 import json
 import os
 import select
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import unittest
 
-SKIP = 77
-HANG_GUARD_S = 120
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import HANG_GUARD_S  # noqa: E402
+
 ANSWER_WITHIN_S = 1.0          # issue 25's acceptance bound
 HEADER_TIMEOUT_S = 3           # --http-header-timeout of the test server
 RSS_BOUND_BYTES = 24 << 20     # VmRSS growth allowed by 8 refused 17 MiB bodies
 TOKEN = "tok-outside"
 STORY = ("Once upon a time, there was a little girl named Lily. She loved to play outside in "
          "the park with her friends. One day, she found a small red ball under a big tree.")
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 AUTH = {"Authorization": "Bearer " + TOKEN}
 
 ARGS = None
 SERVER = None
 
 
-class ServerProcess:
+class ServerProcess(harness.Server):
     """echokv-server on 127.0.0.1 with a bearer token; ports from --port-file."""
 
     def __init__(self, extra=()):
-        self.tmp = tempfile.TemporaryDirectory(prefix="echokv-outside-")
-        self.port_file = os.path.join(self.tmp.name, "ports")
-        self.log_path = os.path.join(self.tmp.name, "server.log")
-        tokens = os.path.join(self.tmp.name, "tokens")
+        super().__init__(ARGS.server_binary, ARGS.model, insecure=False, name="outside", start=False,
+                         extra=["--http-header-timeout", "%ds" % HEADER_TIMEOUT_S] + list(extra))
+        tokens = os.path.join(self.work, "tokens")
         with open(tokens, "w") as f:
             f.write("outside %s\n" % hashlib.sha256(TOKEN.encode()).hexdigest())
-        self.log = open(self.log_path, "w")
-        args = [ARGS.server_binary, "--model", ARGS.model, "--host", "127.0.0.1", "--port", "0",
-                "--metrics-port", "0", "--http-port", "0", "--port-file", self.port_file,
-                "--threads", "1", "--auth_tokens_file", tokens,
-                "--http-header-timeout", "%ds" % HEADER_TIMEOUT_S] + list(extra)
-        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + HANG_GUARD_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError("echokv-server exited with %d:\n%s" % (self.process.returncode, self.tail()))
-            if os.path.exists(self.port_file):
-                with open(self.port_file) as f:
-                    ports = [int(x) for x in f.read().split()]
-                if len(ports) == 3:
-                    self.grpc_port, self.metrics_port, self.http_port = ports
-                    return
-            time.sleep(0.05)
-        raise AssertionError("echokv-server wrote no --port-file")
-
-    def tail(self):
-        self.log.flush()
-        with open(self.log_path) as f:
-            return f.read()[-4000:]
-
-    def rss(self):
-        with open("/proc/%d/status" % self.process.pid) as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        raise AssertionError("no VmRSS")
+        self.args += ["--auth_tokens_file", tokens]
+        self.start()
 
     def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=HANG_GUARD_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-                raise AssertionError("echokv-server ignored SIGTERM")
-        self.log.close()
-        self.tmp.cleanup()
-
-
-def model_with_chat_template(model, parent):
-    out = os.path.join(parent, os.path.basename(model))
-    os.makedirs(out)
-    for name in os.listdir(model):
-        os.symlink(os.path.join(model, name), os.path.join(out, name))
-    with open(os.path.join(out, "chat_template.jinja"), "w") as f:
-        f.write(CHAT_TEMPLATE)
-    return out
+        super().stop(check_exit=False)
 
 
 def request(method, path, body=None, headers=None, server=None, source="127.0.0.1", port=None,
             timeout=HANG_GUARD_S):
     """One request on a new connection from `source`; (status, headers, bytes, seconds)."""
     server = server or SERVER
-    conn = http.client.HTTPConnection("127.0.0.1", port or server.http_port, timeout=timeout,
-                                      source_address=(source, 0))
     start = time.monotonic()
-    try:
-        data = json.dumps(body).encode() if body is not None else None
-        h = {"Content-Type": "application/json"}
-        h.update(headers or {})
-        conn.request(method, path, body=data, headers=h)
-        resp = conn.getresponse()
-        payload = resp.read()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, payload, time.monotonic() - start
-    finally:
-        conn.close()
+    status, heads, payload = harness.request(port or server.http_port, method, path, body, headers,
+                                             timeout=timeout, source=source)
+    return status, heads, payload, time.monotonic() - start
 
 
 def post(path, body, headers=None, server=None):
@@ -156,11 +93,7 @@ def sse_events(path, body, server=None):
     status, _, payload, _ = request("POST", path, body, AUTH, server=server)
     if status != 200:
         raise AssertionError("stream answered %d: %r" % (status, payload[:300]))
-    text = payload.decode()
-    events = [b[len("data: "):] for b in text.split("\n\n") if b]
-    if events[-1] != "[DONE]" or "[DONE]" in events[:-1]:
-        raise AssertionError("[DONE] is not last and alone: %r" % events[-3:])
-    return [json.loads(e) for e in events[:-1]]
+    return [json.loads(e) for e in harness.sse_events(payload.decode())]
 
 
 def raw_head(server, head, timeout):
@@ -393,24 +326,9 @@ class ProtocolTest(OutsideTest):
 def stalled_completion(server, max_tokens=400):
     """A streamed completion on a socket with a tiny receive buffer, read up to its
     first event; the caller reads on (slowly) or closes."""
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.settimeout(HANG_GUARD_S)
-    s.connect(("127.0.0.1", server.http_port))
-    data = json.dumps({"model": "echokv", "prompt": "Once", "max_tokens": max_tokens, "stream": True,
-                       "ignore_eos": True, "logprobs": 20, "temperature": 0}).encode()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
-              b"Content-Length: %d\r\n\r\n" % len(data) + data)
-    got = b""
-    while b"data: " not in got:
-        more = s.recv(1024)
-        if not more:
-            raise AssertionError("the stream closed early: %r" % got)
-        got += more
-    if not got.startswith(b"HTTP/1.1 200"):
-        raise AssertionError("stream refused: %r" % got[:300])
-    return s, got
+    return harness.stalled_stream(server.http_port, "/v1/completions",
+                                  {"model": "echokv", "prompt": "Once", "max_tokens": max_tokens, "stream": True,
+                                   "ignore_eos": True, "logprobs": 20, "temperature": 0}, AUTH)
 
 
 class LimitsAndShutdownTest(OutsideTest):
@@ -480,30 +398,18 @@ class MetricsIdleTest(OutsideTest):
 
 def main():
     global ARGS, SERVER
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server-binary", required=True)
-    parser.add_argument("--client", required=False, help="unused (the registration passes it)")
-    args, rest = parser.parse_known_args()
-    data = os.environ.get("ECHOKV_TEST_DATA")
-    if not data:
-        print("SKIPPED: $ECHOKV_TEST_DATA is unset (needs models/stories260K)")
-        return SKIP
-    source = os.path.join(data, "models", "stories260K")
-    if not os.path.isfile(os.path.join(source, "config.json")):
-        print("no config.json in " + source)
-        return 1
+    # --client: given to every server test; unused here.
+    args, rest = harness.arguments(__doc__, client_required=False).parse_known_args()
+    source = harness.stories260k()
     tmp = tempfile.TemporaryDirectory(prefix="echokv-outside-model-")
-    args.model = model_with_chat_template(source, tmp.name)
+    args.model = harness.model_with_chat_template(source, tmp.name)
     ARGS = args
     SERVER = ServerProcess()
     try:
-        program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+        return harness.run_tests(rest)
     finally:
         SERVER.stop()
         tmp.cleanup()
-    if not program.result.wasSuccessful():
-        return 1
-    return SKIP if program.result.skipped else 0
 
 
 if __name__ == "__main__":

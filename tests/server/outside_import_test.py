@@ -33,22 +33,19 @@ Needs $ECHOKV_TEST_DATA (models/stories260K); exits 77 (ctest: skipped) when uns
 No assertion depends on timing: waits poll with a generous ceiling against hangs.
 """
 
-import argparse
 import hashlib
 import json
 import os
-import signal
 import struct
-import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 import xxhash
 
-SKIP = 77
-HANG_GUARD_S = 120
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 MB = 1 << 20
 SHORT = 300  # longest message allowed back for a 1 MB value
 STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside."
@@ -168,56 +165,28 @@ def set_int64s(blob, values):
     blob["data"] = struct.pack("<%dq" % len(values), *values)
 
 
-class Server:
+class Server(harness.Server):
     """echokv-server on loopback with the two tenants; ports from --port-file."""
 
     def __init__(self, work, name, extra=()):
-        self.work = work
-        self.port_file = os.path.join(work, name + ".ports")
-        self.log_path = os.path.join(work, name + ".log")
-        self.args = [ARGS.server_binary, "--model", ARGS.model, "--host", "127.0.0.1", "--port", "0",
-                     "--metrics-port", "-1", "--port-file", self.port_file, "--threads", "1",
-                     "--auth-tokens-file", ARGS.tokens_file, "--replica-id", "r1"] + list(extra)
-        self.start()
+        super().__init__(ARGS.server_binary, ARGS.model, insecure=False, metrics=False, http=False, work=work,
+                         name=name, poll_s=0.02,
+                         extra=["--auth-tokens-file", ARGS.tokens_file, "--replica-id", "r1"] + list(extra))
 
     def start(self):
-        if os.path.exists(self.port_file):
-            os.remove(self.port_file)
-        log = open(self.log_path, "a")
-        self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        deadline = time.monotonic() + HANG_GUARD_S
-        while True:
-            if self.process.poll() is not None:
-                with open(self.log_path) as f:
-                    raise AssertionError("echokv-server exited with %d:\n%s" % (self.process.returncode,
-                                                                                 f.read()[-4000:]))
-            if os.path.exists(self.port_file):
-                with open(self.port_file) as f:
-                    ports = f.read().split()
-                if ports:
-                    self.port = int(ports[0])
-                    break
-            if time.monotonic() > deadline:
-                raise AssertionError("echokv-server wrote no --port-file")
-            time.sleep(0.02)
-        self.address = "127.0.0.1:%d" % self.port
+        super().start()
+        self.port = self.grpc_port
         self.clients = {t: echokv.Client(self.address, token=tok, retry=False, timeout=60, stream_timeout=60)
                         for t, tok in TOKENS.items()}
         self.channel = grpc.insecure_channel(self.address, options=[("grpc.max_send_message_length", 16 * MB)])
         self.stub = pb_grpc.EchoKVStub(self.channel)
+        return self
 
     def stop(self):
         for c in self.clients.values():
             c.close()
         self.channel.close()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=HANG_GUARD_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        super().stop(check_exit=False)
 
     def restart(self):
         self.stop()
@@ -465,35 +434,21 @@ class OutsideTestCase(unittest.TestCase):
 
 def main():
     global ARGS, echokv, grpc, pb, pb_grpc
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server-binary", required=True)
-    parser.add_argument("--client", required=True, help="folder holding the echokv package")
-    args, rest = parser.parse_known_args()
-    data = os.environ.get("ECHOKV_TEST_DATA")
-    if not data:
-        print("SKIPPED: $ECHOKV_TEST_DATA is unset (needs models/stories260K)")
-        return SKIP
-    args.model = os.path.join(data, "models", "stories260K")
-    if not os.path.isfile(os.path.join(args.model, "config.json")):
-        print("no config.json in " + args.model)
-        return 1
+    args, rest = harness.arguments(__doc__).parse_known_args()
+    args.model = harness.stories260k()
     with tempfile.NamedTemporaryFile("w", prefix="echokv-tokens-", delete=False) as f:
         for tenant, token in TOKENS.items():
             f.write("%s %s\n" % (tenant, hashlib.sha256(token.encode()).hexdigest()))
         args.tokens_file = f.name
     ARGS = args
-    sys.path.insert(0, args.client)
+    echokv = harness.import_client(args.client)
     import grpc as grpc_module
-    import echokv as echokv_module
     from echokv.v1 import echokv_pb2, echokv_pb2_grpc
-    echokv, grpc, pb, pb_grpc = echokv_module, grpc_module, echokv_pb2, echokv_pb2_grpc
+    grpc, pb, pb_grpc = grpc_module, echokv_pb2, echokv_pb2_grpc
     try:
-        program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+        return harness.run_tests(rest)
     finally:
         os.remove(args.tokens_file)
-    if not program.result.wasSuccessful():
-        return 1
-    return SKIP if program.result.skipped else 0
 
 
 if __name__ == "__main__":

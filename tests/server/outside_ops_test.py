@@ -36,9 +36,7 @@ against hangs; the one figure compared with a clock (sigterm: under 10 s) is 25 
 what the server takes and half what the old one took.
 """
 
-import argparse
 import hashlib
-import http.client
 import json
 import os
 import re
@@ -51,10 +49,11 @@ import sys
 import tempfile
 import time
 import unittest
-import urllib.request
 
-SKIP = 77
-HANG_GUARD_S = 120
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import HANG_GUARD_S  # noqa: E402
+
 NAMESPACE_ENV = "ECHOKV_OUTSIDE_OPS_NAMESPACE"  # set once re-executed under unshare
 BUDGET = 8
 
@@ -65,50 +64,15 @@ health_pb2 = None
 health_pb2_grpc = None
 
 
-class Server:
+class Server(harness.Server):
     """echokv-server on loopback; ports from --port-file (gRPC, metrics, HTTP)."""
 
     def __init__(self, work, extra=(), insecure=True):
-        self.work = work
-        self.port_file = os.path.join(work, "ports")
-        if os.path.exists(self.port_file):
-            os.remove(self.port_file)
-        self.log_path = os.path.join(work, "server.log")
-        with open(self.log_path, "a") as log:
-            log.write("==== start ====\n")
-            log.flush()
-            self.log_start = log.tell()
-            args = [ARGS.server_binary, "--model", ARGS.model, "--host", "127.0.0.1", "--port", "0",
-                    "--metrics-port", "0", "--http-port", "0", "--port-file", self.port_file,
-                    "--threads", "1"] + list(extra)
-            if insecure:
-                args.append("--insecure")
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + HANG_GUARD_S
-        while True:
-            if self.process.poll() is not None:
-                raise AssertionError("echokv-server exited with %d:\n%s" % (self.process.returncode, self.log()))
-            if os.path.exists(self.port_file):
-                with open(self.port_file) as f:
-                    ports = f.read().split()
-                if len(ports) == 3:
-                    self.port, self.metrics_port, self.http_port = map(int, ports)
-                    break
-            if time.monotonic() > deadline:
-                raise AssertionError("echokv-server wrote no --port-file")
-            time.sleep(0.005)
+        super().__init__(ARGS.server_binary, ARGS.model, extra=extra, insecure=insecure, work=work, poll_s=0.005)
+        self.port = self.grpc_port
 
     def client(self, token=None):
-        return echokv.Client("127.0.0.1:%d" % self.port, retry=False, timeout=60, stream_timeout=60, token=token)
-
-    def log(self):
-        with open(self.log_path) as f:
-            f.seek(self.log_start)
-            return f.read()
-
-    def metrics(self):
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.metrics_port, timeout=HANG_GUARD_S) as r:
-            return r.read().decode()
+        return echokv.Client(self.address, retry=False, timeout=60, stream_timeout=60, token=token)
 
     def metric(self, name):
         """The value of an unlabelled series, None when absent."""
@@ -116,27 +80,9 @@ class Server:
         return None if m is None else float(m.group(1))
 
     def http_health(self):
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=HANG_GUARD_S)
-        try:
-            conn.request("GET", "/health")
-            r = conn.getresponse()
-            body = json.loads(r.read())
-            self.last_http_health = body["status"]
-            return r.status
-        finally:
-            conn.close()
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            code = self.process.wait(timeout=HANG_GUARD_S)
-            if code != 0:
-                raise AssertionError("echokv-server exited with %d after SIGTERM:\n%s" % (code, self.log()))
-
-    def kill(self):
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
+        status, _, payload = harness.request(self.http_port, "GET", "/health")
+        self.last_http_health = json.loads(payload)["status"]
+        return status
 
 
 def poll(what, check):
@@ -394,44 +340,15 @@ class RestoredGaugesTest(OpsTestCase):
 
 def main():
     global ARGS, echokv, grpc, health_pb2, health_pb2_grpc
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server-binary", required=True)
-    parser.add_argument("--client", required=True, help="folder holding the echokv package")
-    args, rest = parser.parse_known_args()
-    data = os.environ.get("ECHOKV_TEST_DATA")
-    if not data:
-        print("SKIPPED: $ECHOKV_TEST_DATA is unset (needs models/stories260K)")
-        return SKIP
-    args.model = os.path.join(data, "models", "stories260K")
-    if not os.path.isfile(os.path.join(args.model, "config.json")):
-        print("no config.json in " + args.model)
-        return 1
-    # The read-only bind mount needs a mount namespace of our own (nothing leaks into the
-    # host's mounts, even if this process dies): re-execute under unshare when allowed.
-    if os.environ.get(NAMESPACE_ENV) is None:
-        unshare = shutil.which("unshare")
-        with open("/proc/self/mountinfo") as f:
-            any_shared = " shared:" in f.read()
-        for propagation in ("private", None if any_shared else "unchanged"):
-            if not unshare or propagation is None:
-                continue
-            command = [unshare, "--mount", "--propagation", propagation]
-            if subprocess.run(command + ["true"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL).returncode == 0:
-                os.environ[NAMESPACE_ENV] = "1"
-                os.execv(unshare, command + [sys.executable] + sys.argv)
-        os.environ[NAMESPACE_ENV] = "0"
-        print("NOTE: `unshare --mount` is not permitted here: the read-only state dir part is skipped")
+    args, rest = harness.arguments(__doc__).parse_known_args()
+    args.model = harness.stories260k()
+    harness.reexec_in_private_mount_namespace(NAMESPACE_ENV, "the read-only state dir part is")
     ARGS = args
-    sys.path.insert(0, args.client)
+    echokv = harness.import_client(args.client)
     import grpc as grpc_module
-    import echokv as echokv_module
     from echokv.grpc_health.v1 import health_pb2 as h, health_pb2_grpc as hg
-    grpc, echokv, health_pb2, health_pb2_grpc = grpc_module, echokv_module, h, hg
-    program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-    if not program.result.wasSuccessful():
-        return 1
-    return SKIP if program.result.skipped else 0
+    grpc, health_pb2, health_pb2_grpc = grpc_module, h, hg
+    return harness.run_tests(rest)
 
 
 if __name__ == "__main__":

@@ -10,17 +10,15 @@ Issue 25 item 12: the chat quick-starts failed on the default model of their day
 Label `model` (needs the default GGUF; in CI setup.sh fetched it, and its absence fails).
 """
 
-import argparse
 import json
 import os
 import re
-import shlex
-import signal
 import subprocess
 import sys
-import tempfile
-import time
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -50,33 +48,12 @@ def api_http_block():
     raise AssertionError("docs/API.md has no sh block with --http-port 8080")
 
 
-class Server:
+class Server(harness.Server):
     def __init__(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix="echokv-quickstart-")
-        ports = os.path.join(self.tmp.name, "ports")
-        self.log_path = os.path.join(self.tmp.name, "server.log")
-        self.log = open(self.log_path, "w")
+        # As the docs start it: no --model (the default model), no --threads.
         env = {k: v for k, v in os.environ.items() if k not in ("ECHOKV_MODEL", "ECHOKV_MODELS")}
-        self.process = subprocess.Popen(
-            [ARGS.server_binary, "--insecure", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
-             "--http-port", "0", "--port-file", ports], stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + HANG_GUARD_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError("echokv-server exited:\n" + self.tail())
-            if os.path.exists(ports):
-                with open(ports) as f:
-                    values = [int(x) for x in f.read().split()]
-                if len(values) == 3:
-                    self.http_port = values[2]
-                    return
-            time.sleep(0.05)
-        raise AssertionError("echokv-server wrote no --port-file")
-
-    def tail(self):
-        self.log.flush()
-        with open(self.log_path) as f:
-            return f.read()[-4000:]
+        super().__init__(ARGS.server_binary, None, name="quickstart", threads=None, env=env,
+                         hang_guard_s=HANG_GUARD_S)
 
     def run(self, command):
         command = command.replace("localhost:8080", "127.0.0.1:%d" % self.http_port)
@@ -86,10 +63,7 @@ class Server:
         return out.returncode, int(code or 0), body
 
     def stop(self):
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(timeout=HANG_GUARD_S)
-        self.log.close()
-        self.tmp.cleanup()
+        super().stop(check_exit=False)
 
 
 class QuickStartTest(unittest.TestCase):
@@ -140,12 +114,10 @@ class QuickStartTest(unittest.TestCase):
 
 def main():
     global ARGS
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--server-binary", required=True)
-    parser.add_argument("--client")   # given to every server test; unused here
-    ARGS, rest = parser.parse_known_args()
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    # --client: given to every server test; unused here.
+    ARGS, rest = harness.arguments(__doc__, client_required=False).parse_known_args()
+    return harness.run_tests(rest)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

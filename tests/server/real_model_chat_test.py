@@ -16,20 +16,17 @@ fetches it); without it the script exits 77 (ctest: skipped, which CI counts as 
 failure).
 """
 
-import argparse
-import http.client
 import json
 import os
-import signal
 import subprocess
 import sys
-import tempfile
-import time
 import unittest
 
 import jinja2
 
-SKIP = 77
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 HANG_GUARD_S = 300
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -59,49 +56,13 @@ def tokenize(text):
     return json.loads(out)["ids"]
 
 
-class Server:
+class Server(harness.Server):
     def __init__(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix="echokv-real-")
-        ports = os.path.join(self.tmp.name, "ports")
-        self.log_path = os.path.join(self.tmp.name, "server.log")
-        self.log = open(self.log_path, "w")
-        self.process = subprocess.Popen(
-            [ARGS.server_binary, "--model", ARGS.model, "--insecure", "--host", "127.0.0.1", "--port", "0",
-             "--metrics-port", "0", "--http-port", "0", "--port-file", ports],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + HANG_GUARD_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError("echokv-server exited:\n" + self.tail())
-            if os.path.exists(ports):
-                with open(ports) as f:
-                    values = [int(x) for x in f.read().split()]
-                if len(values) == 3:
-                    self.grpc_port, _, self.http_port = values
-                    return
-            time.sleep(0.05)
-        raise AssertionError("echokv-server wrote no --port-file")
-
-    def tail(self):
-        self.log.flush()
-        with open(self.log_path) as f:
-            return f.read()[-4000:]
+        super().__init__(ARGS.server_binary, ARGS.model, name="real", threads=None, hang_guard_s=HANG_GUARD_S)
 
     def post(self, path, body, headers=None):
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=HANG_GUARD_S)
-        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json", **(headers or {})})
-        r = conn.getresponse()
-        payload = json.loads(r.read())
-        conn.close()
-        return r.status, payload
-
-    def stop(self):
-        self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(timeout=HANG_GUARD_S)
-        self.log.close()
-        self.tmp.cleanup()
-        if code != 0:
-            raise AssertionError("echokv-server exited with %d after SIGTERM" % code)
+        status, _, payload = harness.request(self.http_port, "POST", path, body, headers, timeout=HANG_GUARD_S)
+        return status, json.loads(payload)
 
 
 class RealModelChatTest(unittest.TestCase):
@@ -155,22 +116,17 @@ class RealModelChatTest(unittest.TestCase):
 
 def main():
     global ARGS, echokv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server-binary", required=True)
+    parser = harness.arguments(__doc__)
     parser.add_argument("--tokenize-binary", required=True)
-    parser.add_argument("--client", required=True)
     args, rest = parser.parse_known_args()
     args.model = model_path()
     if args.model is None:
         print("SKIPPED: %s is in no models folder ($ECHOKV_MODELS or .cache/models): run scripts/setup.sh"
               % GGUF_NAME)
-        return SKIP
+        return harness.SKIP
     ARGS = args
-    sys.path.insert(0, args.client)
-    import echokv as module
-    echokv = module
-    program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-    return 0 if program.result.wasSuccessful() else 1
+    echokv = harness.import_client(args.client)
+    return harness.run_tests(rest)
 
 
 if __name__ == "__main__":

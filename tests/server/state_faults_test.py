@@ -29,24 +29,22 @@ point 5 b-d), on stories260K:
 Needs $ECHOKV_TEST_DATA (models/stories260K); exits 77 (ctest: skipped) when unset.
 """
 
-import argparse
 import errno
 import hashlib
 import json
 import os
 import re
 import shutil
-import signal
 import struct
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
-import urllib.request
 
-SKIP = 77
-HANG_GUARD_S = 120
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import HANG_GUARD_S  # noqa: E402
+
 GREEDY_N = 6
 BUDGET = 8
 NAMESPACE_ENV = "ECHOKV_STATE_FAULTS_NAMESPACE"  # set once re-executed under unshare
@@ -55,66 +53,29 @@ ARGS = None
 echokv = None
 
 
-class Server:
+class Server(harness.Server):
     """echokv-server on loopback with a state dir; gRPC and metrics ports from --port-file."""
 
     def __init__(self, state_dir, work, model=None, extra=()):
-        self.port_file = os.path.join(work, "ports")
-        if os.path.exists(self.port_file):
-            os.remove(self.port_file)
-        self.log_path = os.path.join(work, "server.log")
-        with open(self.log_path, "a") as log:
-            log.write("==== start ====\n")
-            log.flush()
-            self.log_start = log.tell()
-            self.process = subprocess.Popen(
-                [ARGS.server_binary, "--model", model or ARGS.model, "--host", "127.0.0.1", "--insecure",
-                 "--port", "0", "--metrics-port", "0", "--port-file", self.port_file, "--threads", "1",
-                 "--state-dir", state_dir] + list(extra),
-                stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + HANG_GUARD_S
-        while True:
-            if self.process.poll() is not None:
-                raise AssertionError("echokv-server exited with %d:\n%s" % (self.process.returncode, self.log()))
-            if os.path.exists(self.port_file):
-                with open(self.port_file) as f:
-                    ports = f.read().split()
-                if len(ports) >= 2:
-                    self.port, self.metrics_port = int(ports[0]), int(ports[1])
-                    break
-            if time.monotonic() > deadline:
-                raise AssertionError("echokv-server wrote no --port-file")
-            time.sleep(0.02)
-        self.client = echokv.Client("127.0.0.1:%d" % self.port, retry=False, timeout=60, stream_timeout=60)
-
-    def log(self):
-        """This process's part of the log."""
-        with open(self.log_path) as f:
-            f.seek(self.log_start)
-            return f.read()
+        super().__init__(ARGS.server_binary, model or ARGS.model, http=False, work=work, poll_s=0.02,
+                         extra=["--state-dir", state_dir] + list(extra))
+        self.port = self.grpc_port
+        self.client = echokv.Client(self.address, retry=False, timeout=60, stream_timeout=60)
 
     def state_errors(self):
         """{kind: count} of echokv_state_errors_total from /metrics."""
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.metrics_port,
-                                    timeout=HANG_GUARD_S) as r:
-            text = r.read().decode()
         out = {}
-        for m in re.finditer(r'^echokv_state_errors_total\{kind="([a-z_]+)"\} ([0-9.e+]+)$', text, re.M):
+        for m in re.finditer(r'^echokv_state_errors_total\{kind="([a-z_]+)"\} ([0-9.e+]+)$', self.metrics(), re.M):
             out[m.group(1)] = int(float(m.group(2)))
         return out
 
     def stop(self):
         self.client.close()
-        self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(timeout=HANG_GUARD_S)
-        if code != 0:
-            raise AssertionError("echokv-server exited with %d after SIGTERM:\n%s" % (code, self.log()))
+        super().stop()
 
     def kill(self):
         self.client.close()
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
+        super().kill()
 
 
 class Snapshot:
@@ -394,46 +355,15 @@ class BadStateDirTest(FaultsTestCase):
 
 def main():
     global ARGS, echokv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server-binary", required=True)
-    parser.add_argument("--client", required=True, help="folder holding the echokv package")
+    parser = harness.arguments(__doc__)
     parser.add_argument("--make-test-model", required=True, help="the echokv-make-test-model binary")
     args, rest = parser.parse_known_args()
-    data = os.environ.get("ECHOKV_TEST_DATA")
-    if not data:
-        print("SKIPPED: $ECHOKV_TEST_DATA is unset (needs models/stories260K)")
-        return SKIP
-    args.model = os.path.join(data, "models", "stories260K")
-    if not os.path.isfile(os.path.join(args.model, "config.json")):
-        print("no config.json in " + args.model)
-        return 1
-    # Mounting a small tmpfs needs a mount namespace of our own (so nothing leaks into the
-    # host's mounts, even if this process dies): re-execute under unshare when allowed.
-    if os.environ.get(NAMESPACE_ENV) is None:
-        unshare = shutil.which("unshare")
-        # In a chroot "/" is not a mount point and cannot be made private; then our
-        # mounts could only leak through a shared mount, and with none nothing propagates.
-        with open("/proc/self/mountinfo") as f:
-            any_shared = " shared:" in f.read()
-        for propagation in ("private", None if any_shared else "unchanged"):
-            if not unshare or propagation is None:
-                continue
-            command = [unshare, "--mount", "--propagation", propagation]
-            if subprocess.run(command + ["true"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL).returncode == 0:
-                os.environ[NAMESPACE_ENV] = "1"
-                os.execv(unshare, command + [sys.executable] + sys.argv)
-        os.environ[NAMESPACE_ENV] = "0"
-        print("NOTE: `unshare --mount` is not permitted here: the tmpfs parts are skipped")
+    args.model = harness.stories260k()
+    harness.reexec_in_private_mount_namespace(NAMESPACE_ENV, "the tmpfs parts are")
     ARGS = args
-    sys.path.insert(0, args.client)
-    import echokv as echokv_module
-    echokv = echokv_module
-    program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-    if not program.result.wasSuccessful():
-        return 1
+    echokv = harness.import_client(args.client)
     # A skipped part is not a passed one: ctest reports it as skipped (and CI fails).
-    return SKIP if program.result.skipped else 0
+    return harness.run_tests(rest)
 
 
 if __name__ == "__main__":

@@ -23,18 +23,16 @@ the checkout's .cache/models); exits 77 (ctest: skipped, a failure in CI) withou
 No assertion depends on timing.
 """
 
-import argparse
-import http.client
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
-SKIP = 77
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 HANG_GUARD_S = 300
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -50,70 +48,26 @@ PROMPTS = [
 ]
 
 
-class Server:
+class Server(harness.Server):
     """echokv-server on loopback, gRPC and HTTP, one compute thread."""
 
     def __init__(self, model):
         self.model = model
-        self.tmp = tempfile.TemporaryDirectory(prefix="echokv-deltas-")
-        ports = os.path.join(self.tmp.name, "ports")
-        self.log_path = os.path.join(self.tmp.name, "server.log")
-        self.log = open(self.log_path, "w")
-        self.process = subprocess.Popen(
-            [ARGS.server_binary, "--model", model, "--insecure", "--host", "127.0.0.1", "--port", "0",
-             "--metrics-port", "0", "--http-port", "0", "--port-file", ports, "--threads", "1"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + HANG_GUARD_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError("echokv-server exited:\n" + self.tail())
-            if os.path.exists(ports):
-                with open(ports) as f:
-                    values = [int(x) for x in f.read().split()]
-                if len(values) == 3:
-                    self.grpc_port, _, self.http_port = values
-                    break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("echokv-server wrote no --port-file")
-        self.grpc = echokv.Client("127.0.0.1:%d" % self.grpc_port)
-
-    def tail(self):
-        self.log.flush()
-        with open(self.log_path) as f:
-            return f.read()[-4000:]
+        super().__init__(ARGS.server_binary, model, name="deltas", hang_guard_s=HANG_GUARD_S)
+        self.grpc = echokv.Client(self.address)
 
     def stop(self):
         self.grpc.close()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                code = self.process.wait(timeout=HANG_GUARD_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-                raise AssertionError("echokv-server ignored SIGTERM")
-            if code != 0:
-                raise AssertionError("echokv-server exited with %d:\n%s" % (code, self.tail()))
-        self.log.close()
-        self.tmp.cleanup()
+        super().stop()
 
 
 def http_post(server, path, body):
     """(status, parsed JSON or the SSE events' JSON list) of one request."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=HANG_GUARD_S)
-    try:
-        conn.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        payload = resp.read().decode("utf-8")
-        heads = {k.lower(): v for k, v in resp.getheaders()}
-    finally:
-        conn.close()
-    if resp.status != 200 or not body.get("stream"):
-        return resp.status, heads, json.loads(payload)
-    events = [block[len("data: "):] for block in payload.split("\n\n") if block]
-    assert events[-1] == "[DONE]", events[-3:]
-    return resp.status, heads, [json.loads(e) for e in events[:-1]]
+    status, heads, payload = harness.request(server.http_port, "POST", path, body, timeout=HANG_GUARD_S)
+    payload = payload.decode("utf-8")
+    if status != 200 or not body.get("stream"):
+        return status, heads, json.loads(payload)
+    return status, heads, [json.loads(e) for e in harness.sse_events(payload)]
 
 
 class Oracle:
@@ -159,7 +113,7 @@ def sampling_cases():
     yield "sampled", {"temperature": 1.0, "seed": 7}
 
 
-class DeltasCases:
+class DeltasCases(harness.LogOnFailure):
     """The cases, run per model by the unittest.TestCase subclasses below."""
     MAX_TOKENS = 24
     server = None
@@ -170,22 +124,16 @@ class DeltasCases:
         cls.server = Server(model)
         cls.oracle = Oracle(model)
         # The served id: GET /v1/models.
-        conn = http.client.HTTPConnection("127.0.0.1", cls.server.http_port, timeout=HANG_GUARD_S)
-        conn.request("GET", "/v1/models")
-        cls.served = json.loads(conn.getresponse().read())["data"][0]["id"]
-        conn.close()
+        _, _, payload = harness.request(cls.server.http_port, "GET", "/v1/models", timeout=HANG_GUARD_S)
+        cls.served = json.loads(payload)["data"][0]["id"]
 
     @classmethod
     def tearDownClass(cls):
         if cls.server is not None:
             cls.server.stop()
 
-    def run(self, result=None):
-        failures = len(result.failures) + len(result.errors) if result else 0
-        outcome = super().run(result)
-        if result is not None and len(result.failures) + len(result.errors) > failures and self.server:
-            sys.stderr.write("---- echokv-server log (tail) ----\n" + self.server.tail() + "\n")
-        return outcome
+    def failure_server(self):
+        return self.server
 
     # ---- gRPC ----
     def grpc_generation(self, prompt, sampling, streamed_deltas=True):
@@ -367,30 +315,19 @@ class SmolLm2Test(DeltasCases, unittest.TestCase):
 
 def main():
     global ARGS, echokv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server-binary", required=True)
+    parser = harness.arguments(__doc__)
     parser.add_argument("--tokenize-binary", required=True)
     parser.add_argument("--cli-binary", required=True)
-    parser.add_argument("--client", required=True, help="folder holding the echokv package")
     args, rest = parser.parse_known_args()
-    data = os.environ.get("ECHOKV_TEST_DATA")
-    if not data:
-        print("SKIPPED: $ECHOKV_TEST_DATA is unset (needs models/stories260K)")
-        return SKIP
-    args.stories = os.path.join(data, "models", "stories260K")
+    args.stories = harness.stories260k()
     folder = os.environ.get("ECHOKV_MODELS") or os.path.join(ROOT, ".cache", "models")
     args.smollm2 = os.path.join(folder, GGUF_NAME)
     if not os.path.isfile(args.smollm2):
         print("SKIPPED: no %s in %s (scripts/setup.sh fetches it)" % (GGUF_NAME, folder))
-        return SKIP
+        return harness.SKIP
     ARGS = args
-    sys.path.insert(0, args.client)
-    import echokv as echokv_module
-    echokv = echokv_module
-    program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-    if not program.result.wasSuccessful():
-        return 1
-    return SKIP if program.result.skipped else 0
+    echokv = harness.import_client(args.client)
+    return harness.run_tests(rest)
 
 
 if __name__ == "__main__":
