@@ -116,7 +116,9 @@ def main():
             ctx = torch.tensor([prefill])
             with press(model) if press is not None else _null():
                 hidden = model.model(input_ids=ctx, past_key_values=cache).last_hidden_state
-            kept = cache.get_seq_length()
+            # Entries kept, summed over layers and KV heads as our retained_entries (PyramidKV
+            # keeps a different length per layer; AdaKV keeps them all and masks per head).
+            kept = sum(layer.keys.shape[1] * layer.keys.shape[2] for layer in cache.layers)
             pos = len(prefill)
             if question:
                 out = model(input_ids=torch.tensor([question]), past_key_values=cache,
@@ -166,15 +168,18 @@ def main():
                 "context_tokens": case["context_tokens"], "question_tokens": case["question_tokens"],
                 "setting": setting, "policy": "kvpress/" + name, "ratio": ratio, "engine": "kvpress",
                 "budget": None if name == "full" else int(compressed * (1 - ratio)),
-                "compressed_tokens": compressed, "retained_entries": kept,
-                "kept_fraction": (kept + (case["question_tokens"] if setting == "qagnostic" else 0)) / case["n_tokens"],
+                "compressed_tokens": compressed,
+                "retained_entries": kept + (model.config.num_hidden_layers * model.config.num_key_value_heads
+                                            * case["question_tokens"] if setting == "qagnostic" else 0),
+                "kept_fraction": kept / (model.config.num_hidden_layers * model.config.num_key_value_heads
+                                         * compressed),
                 "prediction": text, "answers": case["answers"],
                 "score": ev.score(text, case["answers"], case["scoring"]), "seconds": round(time.monotonic() - t0, 3),
             }
             records.append(r)
             log.write(json.dumps(r, sort_keys=True) + "\n")
             log.flush()
-            print("[%d/%d %.0fs] %s %s %s r=%g kept=%d -> %.2f (%.1fs) %r" % (
+            print("[%d/%d %.0fs] %s %s %s r=%g entries=%d -> %.2f (%.1fs) %r" % (
                 k + 1, len(plan), time.monotonic() - started, case["id"], setting, name, ratio, kept, r["score"],
                 r["seconds"], text[:60]), file=sys.stderr, flush=True)
     seconds = {}

@@ -18,8 +18,9 @@ Tasks (RULER, Hsieh et al. 2024, scored as RULER scores them):
   two_hop         a two-hop chain "P keeps the key to the C door." / "Behind the C door is
                   a O." plus two distractor chains; ask what is behind P's door.
   cwe             common-word extraction: a numbered word list where 5 words appear 30
-                  times (RULER's freq_cw) and the rest a few times; ask for the 5 most common
-                  (string_match_all).
+                  times (RULER's freq_cw; fewer below ~2K tokens: chars / 160, at least 3)
+                  and the rest, drawn from 395 rare words, a few times; ask for the 5 most
+                  common (string_match_all).
   qa              question answering over real long English text: the licence texts of
                   Debian's /usr/share/common-licenses, split in passages; the passage that
                   holds the answer among passages of the other documents (RULER's qa with
@@ -40,7 +41,7 @@ echokv-tokenize on the GGUF; the chat template is the model's (echokv-chat-rende
 tests/model/testdata/smollm2/chat_template.json, which equals the GGUF's).
 
 Output: JSON lines, one case each, sorted by (length, task, index), bit-for-bit the same
-for the same seed, texts and tokenizer (docs/results/longctx_suite.sha256 holds the
+for the same seed, texts and tokenizer (docs/results/longctx/suite.sha256 holds the
 hash of the default suite; --check-sha256 compares).
 """
 
@@ -257,7 +258,10 @@ def build(task, rng, texts, chars):
                       "Memorize the ones that appear most often."
         pool = rng.sample(texts.words, 400)
         common, rare = pool[:5], pool[5:]
-        words = [w for w in common for _ in range(30)]
+        # RULER's 30 copies of each common word from ~2K tokens up; fewer below, so the
+        # list still holds rare words (at 1K, 30 copies alone fill the context).
+        freq = max(3, min(30, chars // 160))
+        words = [w for w in common for _ in range(freq)]
         while sum(len(w) + 7 for w in words) < chars:
             words.append(rng.choice(rare))
         rng.shuffle(words)
@@ -464,7 +468,7 @@ def main():
     parser.add_argument("--lengths", default=",".join(str(x) for x in LENGTHS))
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--check-sha256", action="store_true",
-                        help="compare the output's hash with docs/results/longctx_suite.sha256")
+                        help="compare the output's hash with docs/results/longctx/suite.sha256")
     args = parser.parse_args()
     args.lengths = [int(x) for x in args.lengths.split(",")]
     args.tasks = args.tasks.split(",")
@@ -474,10 +478,10 @@ def main():
     digest = hashlib.sha256(text.encode()).hexdigest()
     print("%s  %s (%d cases)" % (digest, args.out, text.count("\n")))
     if args.check_sha256:
-        with open(os.path.join(ROOT, "docs", "results", "longctx_suite.sha256")) as f:
+        with open(os.path.join(ROOT, "docs", "results", "longctx", "suite.sha256")) as f:
             want = f.read().split()[0]
         if digest != want:
-            print("sha256 differs from docs/results/longctx_suite.sha256 (%s)" % want, file=sys.stderr)
+            print("sha256 differs from docs/results/longctx/suite.sha256 (%s)" % want, file=sys.stderr)
             return 1
     return 0
 

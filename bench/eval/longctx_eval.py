@@ -248,6 +248,31 @@ def markdown(records, engine=None):
     return "\n".join(lines)
 
 
+def paired(records, pairs):
+    """Per (setting, ratio) and pair A=B of policies (e.g. snapkv=kvpress/snapkv): the
+    mean per-case score difference A - B with its 95 % paired bootstrap interval, and how
+    many cases gave the same answer text (stripped)."""
+    by = {}
+    for r in records:
+        by[(r["setting"], r["policy"], r["ratio"], r["case_id"])] = r
+    lines = ["| setting | A | B | ratio | n | mean A | mean B | A - B [95 % paired bootstrap] | same answer |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for a, b in pairs:
+        keys = sorted({(k[0], k[2]) for k in by if k[1] == a})
+        for setting, ratio in keys:
+            cases = sorted(k[3] for k in by if k[:3] == (setting, a, ratio) and (setting, b, ratio, k[3]) in by)
+            if not cases:
+                continue
+            ra = [by[(setting, a, ratio, c)] for c in cases]
+            rb = [by[(setting, b, ratio, c)] for c in cases]
+            mean, lo, hi = bootstrap([x["score"] - y["score"] for x, y in zip(ra, rb)])
+            same = sum(x["prediction"].strip() == y["prediction"].strip() for x, y in zip(ra, rb))
+            lines.append("| %s | %s | %s | %g | %d | %.2f | %.2f | %+.2f [%+.2f, %+.2f] | %d / %d |" % (
+                setting, a, b, ratio, len(cases), sum(x["score"] for x in ra) / len(ra),
+                sum(y["score"] for y in rb) / len(rb), mean, lo, hi, same, len(cases)))
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", default=os.path.join(ROOT, "build", "longctx_suite.jsonl"))
@@ -268,10 +293,14 @@ def main():
     parser.add_argument("--settings")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--summarize", nargs="+", metavar="JSON", help="print markdown tables and exit")
+    parser.add_argument("--pairs", help="with --summarize: paired differences, e.g. snapkv=kvpress/snapkv,...")
     args = parser.parse_args()
     if args.summarize:
         records, _ = load_records(args.summarize)
         print(markdown(records))
+        if args.pairs:
+            print()
+            print(paired(records, [p.split("=") for p in args.pairs.split(",")]))
         return 0
     if not args.out:
         parser.error("--out is required")
