@@ -213,7 +213,12 @@ def load_records(paths):
         assert data["schema"] == SCHEMA, path
         records += data["records"]
         sources.append(data["meta"])
-    return records, sources
+    # A run repeated in several files (e.g. the full cache of each invocation) counts once:
+    # the last one read.
+    unique = {}
+    for r in records:
+        unique[(r["case_id"], r["setting"], r["policy"], r["ratio"])] = r
+    return list(unique.values()), sources
 
 
 def markdown(records, engine=None):
@@ -258,13 +263,19 @@ def paired(records, pairs):
     lines = ["| setting | A | B | ratio | n | mean A | mean B | A - B [95 % paired bootstrap] | same answer |",
              "|---|---|---|---|---|---|---|---|---|"]
     for a, b in pairs:
-        keys = sorted({(k[0], k[2]) for k in by if k[1] == a})
+        # "policy" (both in the same setting) or "setting:policy" (e.g. agent_tiered:echokv).
+        sa, a = a.split(":") if ":" in a else (None, a)
+        sb, b = b.split(":") if ":" in b else (None, b)
+        keys = sorted({(k[0], k[2]) for k in by if k[1] == a and sa in (None, k[0])})
         for setting, ratio in keys:
-            cases = sorted(k[3] for k in by if k[:3] == (setting, a, ratio) and (setting, b, ratio, k[3]) in by)
+            other = sb or setting
+            cases = sorted(k[3] for k in by if k[:3] == (setting, a, ratio) and (other, b, ratio, k[3]) in by)
             if not cases:
                 continue
             ra = [by[(setting, a, ratio, c)] for c in cases]
-            rb = [by[(setting, b, ratio, c)] for c in cases]
+            rb = [by[(other, b, ratio, c)] for c in cases]
+            if sb:
+                b = "%s:%s" % (sb, b)
             mean, lo, hi = bootstrap([x["score"] - y["score"] for x, y in zip(ra, rb)])
             same = sum(x["prediction"].strip() == y["prediction"].strip() for x, y in zip(ra, rb))
             lines.append("| %s | %s | %s | %g | %d | %.2f | %.2f | %+.2f [%+.2f, %+.2f] | %d / %d |" % (
