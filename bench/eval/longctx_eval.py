@@ -253,6 +253,31 @@ def markdown(records, engine=None):
     return "\n".join(lines)
 
 
+def compact(records):
+    """One table per ratio: rows (engine, setting, policy), columns the tasks (mean) and
+    all tasks (mean [95 % CI]); the full cache's row in every table."""
+    summ = {(s["setting"], s["policy"], s["ratio"], s["task"]): s for s in summarize(records)}
+    tasks = sorted({r["task"] for r in records})
+    ratios = sorted({r["ratio"] for r in records if not r["policy"].endswith("full")})
+    rows = sorted({(r.get("engine", "echokv-server"), r["setting"], r["policy"]) for r in records},
+                  key=lambda k: (k[0], k[1], not k[2].endswith("full"), k[2]))
+    lines = []
+    for ratio in ratios:
+        lines.append("\n**r = %g**\n" % ratio)
+        lines.append("| engine | setting | policy | n | " + " | ".join(tasks) + " | all [95 % CI] |")
+        lines.append("|---|---|---|---|" + "---|" * (len(tasks) + 1))
+        for engine, setting, policy in rows:
+            at = 0.0 if policy.endswith("full") else ratio
+            if (setting, policy, at, "all") not in summ:
+                continue
+            s = summ[(setting, policy, at, "all")]
+            cells = ["%.2f" % summ[(setting, policy, at, t)]["mean"] if (setting, policy, at, t) in summ else ""
+                     for t in tasks]
+            lines.append("| %s | %s | %s | %d | %s | %.2f [%.2f, %.2f] |" % (
+                engine, setting, policy, s["n"], " | ".join(cells), s["mean"], *s["ci95"]))
+    return "\n".join(lines)
+
+
 def paired(records, pairs):
     """Per (setting, ratio) and pair A=B of policies (e.g. snapkv=kvpress/snapkv): the
     mean per-case score difference A - B with its 95 % paired bootstrap interval, and how
@@ -304,11 +329,12 @@ def main():
     parser.add_argument("--settings")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--summarize", nargs="+", metavar="JSON", help="print markdown tables and exit")
+    parser.add_argument("--compact", action="store_true", help="with --summarize: one table per ratio, tasks as columns")
     parser.add_argument("--pairs", help="with --summarize: paired differences, e.g. snapkv=kvpress/snapkv,...")
     args = parser.parse_args()
     if args.summarize:
         records, _ = load_records(args.summarize)
-        print(markdown(records))
+        print(compact(records) if args.compact else markdown(records))
         if args.pairs:
             print()
             print(paired(records, [p.split("=") for p in args.pairs.split(",")]))
