@@ -23,8 +23,9 @@ import sys
 
 EXTENSIONS = (".h", ".cc", ".py", ".sh", ".md", ".txt", ".cmake", ".proto", ".yaml")
 # Not the repository's own text: build trees and .cache (the default model, the CUDA
-# build's torch wheel with its own docs/ citations; scripts/setup.sh puts them there).
-SKIP_DIRS = {".git", ".cache", "build", "build-asan", "build-fuzz", "third_party"}
+# build's torch wheel with its own docs/ citations; scripts/setup.sh puts them there) and
+# .venv-kvpress (tools/kvpress_venv.sh: PyPI packages citing their own docs/).
+SKIP_DIRS = {".git", ".cache", ".venv-kvpress", "build", "build-asan", "build-fuzz", "third_party"}
 BARE = re.compile(r"(?<![\w/.-])(ALGORITHM|ENGINE|SESSION_MEMORY|DESIGN|GPU)\.md")
 # (Spelled in pieces, so that a grep of the tree for those paths finds only real citations.)
 OUTSIDE = re.compile("shared" + r"/docs/|\.\." + "/paper")
