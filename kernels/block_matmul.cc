@@ -88,16 +88,18 @@ struct ScalarKernel {
 };
 
 using Fn = void (*)(const BlockMatrix&, const QuantizedActs&, const float*, int64_t, float*, int64_t, int64_t);
+using DequantFn = void (*)(const BlockMatrix&, int64_t, int64_t, float*);
 
 struct Choice {
   const char* isa;
   Fn fn;
   int64_t block;
+  DequantFn dequantize;
 };
 
-constexpr Choice kScalar{"scalar", BlockMatMulScalar, 2};
+constexpr Choice kScalar{"scalar", BlockMatMulScalar, 2, DequantizeBlockRowsScalar};
 #if defined(ECHOKV_BLOCK_MATMUL_X86)
-constexpr Choice kAvx2{"avx2", BlockMatMulAvx2, 4};
+constexpr Choice kAvx2{"avx2", BlockMatMulAvx2, 4, DequantizeBlockRowsAvx2};
 bool CpuRunsAvx2() { return CpuRunsIsa("avx2") && __builtin_cpu_supports("f16c"); }
 #endif
 
@@ -194,7 +196,7 @@ void QuantizeActs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, 
   }
 }
 
-void DequantizeBlockRows(const BlockMatrix& w, int64_t row_begin, int64_t row_end, float* out) {
+void DequantizeBlockRowsScalar(const BlockMatrix& w, int64_t row_begin, int64_t row_end, float* out) {
   const int64_t nb = w.cols / kBlockValues, bb = BlockBytes(w.type), rb = w.RowBytes();
   for (int64_t r = row_begin; r < row_end; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
@@ -224,6 +226,11 @@ void BlockMatMulRows(const BlockMatrix& w, const QuantizedActs& x, const float* 
                      int64_t row_begin, int64_t row_end) {
   if (n <= 0 || row_begin >= row_end) return;
   Current().load(std::memory_order_relaxed)->fn(w, x, bias, n, y, row_begin, row_end);
+}
+
+void DequantizeBlockRows(const BlockMatrix& w, int64_t row_begin, int64_t row_end, float* out) {
+  if (row_begin >= row_end) return;
+  Current().load(std::memory_order_relaxed)->dequantize(w, row_begin, row_end, out);
 }
 
 int64_t BlockMatMulRowsBlock() { return Current().load(std::memory_order_relaxed)->block; }

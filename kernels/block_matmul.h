@@ -84,7 +84,8 @@ int64_t BlockMatMulRowsBlock();
 
 // Writes rows [row_begin, row_end) of W as float32 to out [(row_end - row_begin), cols]:
 // d * q (+ m), each one float32 rounding, the bits the `gguf` package's dequantization
-// (and model/ggml_types.h) gives.
+// (and model/ggml_types.h) gives, in every build (prefill's panels: AVX2 when the CPU
+// has it).
 void DequantizeBlockRows(const BlockMatrix& w, int64_t row_begin, int64_t row_end, float* out);
 
 // The build in use: "avx2" or "scalar"; SetBlockMatMulIsa as SetMatMulRowsIsa

@@ -111,7 +111,55 @@ struct Avx2Kernel {
   }
 };
 
+// One block's 32 values: d * q (+ m) in float32, a product then a sum (no FMA), the bits
+// of the portable DequantizeBlockRows.
+template <BlockType T>
+inline void DequantizeBlock(const uint8_t* b, float* o) {
+  const __m256 d = _mm256_set1_ps(Half(b));
+  __m128i q8[2];  // the 32 values as int8 (Q4_0: nibble - 8; Q4_1: nibble)
+  if constexpr (T == BlockType::kQ8_0) {
+    q8[0] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
+    q8[1] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18));
+  } else {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (T == BlockType::kQ4_1 ? 4 : 2)));
+    const __m128i mask = _mm_set1_epi8(15);
+    q8[0] = _mm_and_si128(raw, mask);
+    q8[1] = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+    if constexpr (T == BlockType::kQ4_0) {
+      q8[0] = _mm_sub_epi8(q8[0], _mm_set1_epi8(8));
+      q8[1] = _mm_sub_epi8(q8[1], _mm_set1_epi8(8));
+    }
+  }
+  const __m256 m = T == BlockType::kQ4_1 ? _mm256_set1_ps(Half(b + 2)) : _mm256_setzero_ps();
+  for (int h = 0; h < 2; ++h) {
+    for (int k = 0; k < 2; ++k) {
+      const __m128i part = k == 0 ? q8[h] : _mm_srli_si128(q8[h], 8);
+      __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part)));
+      if constexpr (T == BlockType::kQ4_1) v = _mm256_add_ps(v, m);
+      _mm256_storeu_ps(o + 16 * h + 8 * k, v);
+    }
+  }
+}
+
+template <BlockType T>
+void DequantizeRowsAvx2(const BlockMatrix& w, int64_t r0, int64_t r1, float* out) {
+  const int64_t nb = w.cols / kBlockValues, bb = BlockBytes(T);
+  const uint8_t* src = w.data + r0 * w.RowBytes();
+  for (int64_t k = 0; k < (r1 - r0) * nb; ++k) DequantizeBlock<T>(src + k * bb, out + k * kBlockValues);
+}
+
 }  // namespace
+
+void DequantizeBlockRowsAvx2(const BlockMatrix& w, int64_t r0, int64_t r1, float* out) {
+  switch (w.type) {
+    case BlockType::kQ4_0:
+      return DequantizeRowsAvx2<BlockType::kQ4_0>(w, r0, r1, out);
+    case BlockType::kQ4_1:
+      return DequantizeRowsAvx2<BlockType::kQ4_1>(w, r0, r1, out);
+    case BlockType::kQ8_0:
+      return DequantizeRowsAvx2<BlockType::kQ8_0>(w, r0, r1, out);
+  }
+}
 
 // Tiles: 2 weight rows x 3 inputs for batches (6 accumulators, 3 input vectors, the
 // unpacked weights: within AVX2's 16 registers), 4 rows x 1 input for n = 1.

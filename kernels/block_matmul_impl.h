@@ -16,6 +16,8 @@ void BlockMatMulScalar(const BlockMatrix& w, const QuantizedActs& x, const float
                        int64_t r0, int64_t r1);
 void BlockMatMulAvx2(const BlockMatrix& w, const QuantizedActs& x, const float* bias, int64_t n, float* y,
                      int64_t r0, int64_t r1);
+void DequantizeBlockRowsScalar(const BlockMatrix& w, int64_t r0, int64_t r1, float* out);
+void DequantizeBlockRowsAvx2(const BlockMatrix& w, int64_t r0, int64_t r1, float* out);
 
 namespace {
 

@@ -252,5 +252,23 @@ TEST(DequantizeBlockRows, GivesTheBlocksValues) {
   }
 }
 
+TEST(DequantizeBlockRows, EveryBuildGivesTheSameBits) {
+  for (BlockType type : kTypes) {
+    const int64_t rows = 9, cols = 576;
+    std::vector<double> w;
+    const std::vector<uint8_t> bytes = RandomBlocks(type, rows, cols, 8, &w);
+    const BlockMatrix m{type, bytes.data(), rows, cols};
+    std::vector<float> first;
+    for (const std::string& isa : SupportedIsas()) {
+      ASSERT_TRUE(SetBlockMatMulIsa(isa));
+      std::vector<float> out(rows * cols);
+      DequantizeBlockRows(m, 0, rows, out.data());
+      if (first.empty()) first = out;
+      EXPECT_EQ(0, std::memcmp(first.data(), out.data(), out.size() * sizeof(float))) << BlockTypeName(type) << " " << isa;
+    }
+    SetBlockMatMulIsa("auto");
+  }
+}
+
 }  // namespace
 }  // namespace echokv::kernels

@@ -9,7 +9,8 @@
 //     record: greedy paths part at the first near-tie);
 //   - a stream's native logits are the same bits decoded alone or in a batch of three
 //     (DecodeBatch), as on the float32 path;
-//   - the native matrices hold fewer bytes than float32 (5.5x fewer for this file).
+//   - the native matrices hold fewer bytes than float32 (5.5x fewer for this file);
+//   - the stored rows as the kernels decode them = ReadFloat32's values, bit for bit.
 // The model file comes from the models folder (scripts/setup.sh fetches it): the test
 // skips without it, which CI counts as a failure.
 #include <ATen/ATen.h>
@@ -24,6 +25,8 @@
 
 #include "common/default_model.h"
 #include "gtest/gtest.h"
+#include "kernels/block_matmul.h"
+#include "model/gguf_model.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
@@ -115,6 +118,29 @@ TEST(NativeWeightsTest, SmolLM2NativeStaysCloseToFloat32) {
     EXPECT_EQ(0, std::memcmp(one.logits.data_ptr<float>(), batched[i].logits.contiguous().data_ptr<float>(),
                              one.logits.numel() * sizeof(float)))
         << "stream " << i << ": alone vs batched";
+  }
+}
+
+// The stored rows (GGUF's q/k permutation undone on whole rows) decoded by the kernels
+// equal the float32 path's ReadFloat32 bit for bit (the `gguf` package's dequantization).
+TEST(NativeWeightsTest, StoredRowsDecodeToTheFloat32PathsValues) {
+  const std::optional<std::string> path = FindDefaultGguf();
+  if (!path) GTEST_SKIP() << "the real model " << kDefaultGgufName << " is in no models folder: run scripts/setup.sh";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GgufModel> gguf, GgufModel::Open(*path));
+  for (const char* name : {"model.layers.0.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight",
+                           "model.layers.0.mlp.down_proj.weight", "model.embed_tokens.weight"}) {
+    SCOPED_TRACE(name);
+    const std::vector<int64_t>& shape = *gguf->Shape(name);
+    kernels::BlockType type{};
+    ASSERT_TRUE(kernels::BlockTypeFromGgml(static_cast<uint32_t>(gguf->StoredGgmlType(name)), &type));
+    const kernels::BlockMatrix probe{type, nullptr, shape[0], shape[1]};
+    std::vector<uint8_t> blocks(probe.Bytes());
+    ASSERT_OK(gguf->ReadStoredRows(name, blocks.data()));
+    const kernels::BlockMatrix m{type, blocks.data(), shape[0], shape[1]};
+    std::vector<float> ours(shape[0] * shape[1]), reference(shape[0] * shape[1]);
+    kernels::DequantizeBlockRows(m, 0, shape[0], ours.data());
+    ASSERT_OK(gguf->ReadFloat32(name, reference.data()));
+    EXPECT_EQ(0, std::memcmp(ours.data(), reference.data(), ours.size() * sizeof(float)));
   }
 }
 
