@@ -110,12 +110,13 @@ absl::StatusOr<std::string> ResolveBenchModelDir(const std::string& model_dir, c
 
 absl::StatusOr<std::unique_ptr<model::Transformer>> LoadBenchModel(const std::string& model_dir,
                                                                    const std::string& random40m_dir, int threads,
-                                                                   std::string* dir) {
+                                                                   std::string* dir, const std::string& weights) {
   absl::StatusOr<std::string> resolved = ResolveBenchModelDir(model_dir, random40m_dir);
   if (!resolved.ok()) return resolved.status();
   *dir = *resolved;
   model::DeviceOptions dev;
   dev.num_threads = threads;
+  dev.weights = weights;
   return model::Transformer::Load(*dir, dev);
 }
 

@@ -43,9 +43,11 @@ absl::StatusOr<std::string> ResolveBenchModelDir(const std::string& model_dir, c
 
 // ResolveBenchModelDir, then Transformer::Load on CPU with `threads` (0 = default);
 // the directory used is stored in *dir.
+// `weights`: model::DeviceOptions::weights ("float32" or "native").
 absl::StatusOr<std::unique_ptr<model::Transformer>> LoadBenchModel(const std::string& model_dir,
                                                                    const std::string& random40m_dir, int threads,
-                                                                   std::string* dir);
+                                                                   std::string* dir,
+                                                                   const std::string& weights = "float32");
 
 // Prints "error: <status>" to stderr and returns a main's exit code: 2 for a usage
 // error (InvalidArgument), 1 otherwise.

@@ -50,12 +50,17 @@
 #    resident set of the whole run ("Maximum resident set size" of /usr/bin/time -v;
 #    echokv's own VmHWM line is kept in the logs). OPENBLAS_CORETYPE only affects echokv;
 #    default here: --coretypes unset. No serving benchmark in this mode.
+#    --weights native (issue 30) passes `--weights native` to echokv-bench-model: echokv
+#    then keeps the file's Q4_0/Q4_1/Q8_0 blocks and decodes on them as llama.cpp does;
+#    --weights float32,native runs both, each pair interleaved with llama.cpp's run (the
+#    rows then carry the mode: "decode@512 [native]").
 #
 # Usage:
 #   bench/llamacpp_compare.sh --llama-bin DIR [--gguf FILE] [--peer-dir DIR] [--build DIR] [--data DIR]
 #                             [--out DIR] [--repeats N] [--threads 1,2]
 #                             [--coretypes Haswell,unset] [--models stories260K,random40m]
 #                             [--clients 1,4,16,64] [--server-rounds 2] [--no-server] [--server-only]
+#                             [--weights float32|native|float32,native]
 #                             [--quick]
 #   --llama-bin  the folder of your llama.cpp build's binaries (e.g. llama.cpp/build/bin); required
 #   --peer-dir   where the models are converted and results written (default
@@ -82,6 +87,7 @@ RUN_MODEL=1
 RUN_SERVER=1
 GGUF=""
 CORETYPES_GIVEN=0
+WEIGHTS="float32"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [[ $# -gt 0 ]]; do
@@ -95,6 +101,7 @@ while [[ $# -gt 0 ]]; do
     --threads) THREADS="$2"; shift 2 ;;
     --coretypes) CORETYPES="$2"; CORETYPES_GIVEN=1; shift 2 ;;
     --gguf) GGUF="$2"; shift 2 ;;
+    --weights) WEIGHTS="$2"; shift 2 ;;
     --models) MODELS="$2"; shift 2 ;;
     --clients) CLIENTS="$2"; shift 2 ;;
     --server-rounds) SERVER_ROUNDS="$2"; shift 2 ;;
@@ -149,10 +156,11 @@ gguf_compare() {
     echo "- file: $GGUF ($(stat -c %s "$GGUF") bytes, sha256 $(sha256sum "$GGUF" | cut -c1-16)…)"
     echo "- llama.cpp $PEER_COMMIT ($LB, built by the user), echokv $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
     echo "- OPENBLAS_CORETYPE in the caller's environment: ${OPENBLAS_CORETYPE:-(unset)}; rows run with: $CORETYPES; load at start: $(cat /proc/loadavg)"
-    echo "- command: $0 --llama-bin $LB --gguf $GGUF --repeats $REPEATS --threads $THREADS --coretypes $CORETYPES"
+    echo "- command: $0 --llama-bin $LB --gguf $GGUF --repeats $REPEATS --threads $THREADS --coretypes $CORETYPES --weights $WEIGHTS"
   } >"$OUT/header.md"
   printf 'coretype\tthreads\trepeat\tmetric\techokv\tllamacpp\tload1\n' >"$raw"
-  local core t r l tag e_out l_out
+  local core t r l tag e_out l_out wm suffix
+  IFS=, read -r -a WEIGHT_LIST <<<"$WEIGHTS"
   IFS=, read -r -a THREAD_LIST <<<"$THREADS"
   IFS=, read -r -a CORE_LIST <<<"$CORETYPES"
   IFS=, read -r -a CL <<<"$ctxs"
@@ -160,11 +168,14 @@ gguf_compare() {
     for t in "${THREAD_LIST[@]}"; do
       for r in $(seq 1 "$REPEATS"); do
         if [[ "$core" == unset ]]; then CORE_ENV=(env -u OPENBLAS_CORETYPE); else CORE_ENV=(env OPENBLAS_CORETYPE="$core"); fi
-        tag="$logs/c$core-t$t-r$r"
+        for wm in "${WEIGHT_LIST[@]}"; do
+        suffix=""
+        [[ ${#WEIGHT_LIST[@]} == 1 && "$wm" == float32 ]] || suffix=" [$wm]"
+        tag="$logs/c$core-t$t-r$r-$wm"
         l="$(load1)"
-        say "$(basename "$GGUF") OPENBLAS_CORETYPE=$core threads=$t repeat $r/$REPEATS: echokv (load $l)"
+        say "$(basename "$GGUF") OPENBLAS_CORETYPE=$core threads=$t repeat $r/$REPEATS weights $wm: echokv (load $l)"
         locked /usr/bin/time -v -o "$tag.echokv.time" "${CORE_ENV[@]}" "$EB/echokv-bench-model" --model "$GGUF" \
-          --threads "$t" --contexts "$ctxs" --decode 64 >"$tag.echokv.out" 2>"$tag.echokv.err" \
+          --threads "$t" --contexts "$ctxs" --decode 64 --weights "$wm" >"$tag.echokv.out" 2>"$tag.echokv.err" \
           || die "echokv-bench-model failed, see $tag.echokv.err"
         local l2; l2="$(load1)"
         say "  llama.cpp (load $l2)"
@@ -178,8 +189,8 @@ gguf_compare() {
 for line in sys.stdin:
     j = json.loads(line)
     if j['pp'] == $L: print(j['speed_pp'], j['speed_tg'])")"
-          printf '%s\t%s\t%s\tprefill@%s\t%s\t%s\t%s\n' "$core" "$t" "$r" "$L" "${e_out% *}" "${l_out% *}" "$l" >>"$raw"
-          printf '%s\t%s\t%s\tdecode@%s\t%s\t%s\t%s\n' "$core" "$t" "$r" "$L" "${e_out#* }" "${l_out#* }" "$l" >>"$raw"
+          printf '%s\t%s\t%s\tprefill@%s%s\t%s\t%s\t%s\n' "$core" "$t" "$r" "$L" "$suffix" "${e_out% *}" "${l_out% *}" "$l" >>"$raw"
+          printf '%s\t%s\t%s\tdecode@%s%s\t%s\t%s\t%s\n' "$core" "$t" "$r" "$L" "$suffix" "${e_out#* }" "${l_out#* }" "$l" >>"$raw"
         done
         local e_load l_load e_rss l_rss
         e_load="$(sed -n 's/^load: \([0-9.]*\) s.*/\1/p' "$tag.echokv.out")"
@@ -187,11 +198,12 @@ for line in sys.stdin:
         l_load="$(awk -v ms="$l_load" 'BEGIN { printf "%.3f", ms / 1000 }')"
         e_rss="$(awk -F': ' '/Maximum resident set size/ { printf "%.1f", $2 / 1024 }' "$tag.echokv.time")"
         l_rss="$(awk -F': ' '/Maximum resident set size/ { printf "%.1f", $2 / 1024 }' "$tag.llama.time")"
-        printf '%s\t%s\t%s\tload s\t%s\t%s\t%s\n' "$core" "$t" "$r" "$e_load" "$l_load" "$l" >>"$raw"
-        printf '%s\t%s\t%s\tpeak RSS MiB\t%s\t%s\t%s\n' "$core" "$t" "$r" "$e_rss" "$l_rss" "$l" >>"$raw"
-        awk -F'\t' -v c="$core" -v t="$t" -v r="$r" \
-          '$1==c && $2==t && $3==r && $5>0 && $6>0 { printf "    %-14s echokv %9.2f  llama.cpp %9.2f  ratio %5.2f  load %s\n", $4, $5, $6, $5/$6, $7 }' \
+        printf '%s\t%s\t%s\tload s%s\t%s\t%s\t%s\n' "$core" "$t" "$r" "$suffix" "$e_load" "$l_load" "$l" >>"$raw"
+        printf '%s\t%s\t%s\tpeak RSS MiB%s\t%s\t%s\t%s\n' "$core" "$t" "$r" "$suffix" "$e_rss" "$l_rss" "$l" >>"$raw"
+        awk -F'\t' -v c="$core" -v t="$t" -v r="$r" -v sfx="$suffix" \
+          '$1==c && $2==t && $3==r && $5>0 && $6>0 && (sfx == "" || index($4, sfx) > 0) { printf "    %-24s echokv %9.2f  llama.cpp %9.2f  ratio %5.2f  load %s\n", $4, $5, $6, $5/$6, $7 }' \
           "$raw" >&2
+        done
       done
     done
   done
@@ -215,6 +227,9 @@ for (core, threads, metric), rs in groups.items():
     ratios = [a / b for a, b in zip(e, l) if a > 0 and b > 0]
     rtxt = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}–{max(ratios):.2f})" if ratios else "–"
     unit = "" if "@" not in metric else " tok/s"
+    if unit and " [" in metric:  # "decode@512 [native]" -> "decode@512 tok/s [native]"
+        name, mode = metric.split(" [", 1)
+        metric, unit = name, f" tok/s [{mode}"
     print(f"| {core} | {threads} | {metric}{unit} | {statistics.median(e):.2f} | {statistics.median(l):.2f} "
           f"| {rtxt} | {', '.join(r['load1'] for r in rs)} |")
 PY

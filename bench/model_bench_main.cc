@@ -49,6 +49,7 @@ ABSL_FLAG(std::string, contexts, "512,2048", "context lengths, comma-separated")
 ABSL_FLAG(int, decode, 64, "tokens to decode after each context");
 ABSL_FLAG(int, chunk, 256, "prefill chunk size");
 ABSL_FLAG(int, threads, 0, "LibTorch threads (0 = all cores)");
+ABSL_FLAG(std::string, weights, "float32", "float32 | native (a GGUF file's quantized blocks as stored)");
 ABSL_FLAG(std::string, batches, "",
           "also decode this many streams together (Transformer::DecodeBatch, as the server's engine step), "
           "comma-separated, each after a 256-token context; prints tok/s and dense GFLOP/s");
@@ -79,7 +80,7 @@ std::string LoadAverage() {
 // N streams decoded together for `steps` steps: each starts from its own copy of one
 // 256-token prefill and feeds back its own greedy token (so rows differ after step 1).
 // FLOPs are the dense products (2 x multiply-adds of QKV, output, MLP and LM head).
-// With `roofline`: the bytes a step reads (every weight once, float32, and every row's
+// With `roofline`: the bytes a step reads (every weight once, as held (float32 or native blocks), and every row's
 // keys and values) and the GFLOP/s that bytes and FLOPs allow on this machine.
 int BatchedDecode(const echokv::model::Transformer& model, const std::string& batches, int steps,
                   const std::optional<echokv::bench::Roofline>& roofline) {
@@ -89,7 +90,7 @@ int BatchedDecode(const echokv::model::Transformer& model, const std::string& ba
                Gd = static_cast<double>(c.num_kv_heads) * c.head_dim;
   const double flops = 2.0 * (c.num_layers * (D * (Hd + 2 * Gd) + Hd * D + 3 * D * c.intermediate_size) +
                               D * c.vocab_size);
-  const double weight_bytes = flops / 2 * sizeof(float);  // one multiply-add per weight
+  const double weight_bytes = static_cast<double>(model.DecodeWeightBytes());  // as held: float32 or blocks
   std::printf("\nbatched decode: N streams per step (DecodeBatch; N = 1 is Decode), %d steps after a 256-token "
               "context, %.1f MFLOP per token\n",
               steps, flops / 1e6);
@@ -234,7 +235,7 @@ int main(int argc, char** argv) {
   std::string dir;
   const auto load_start = std::chrono::steady_clock::now();
   auto model = echokv::bench::LoadBenchModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_random40m),
-                                             absl::GetFlag(FLAGS_threads), &dir);
+                                             absl::GetFlag(FLAGS_threads), &dir, absl::GetFlag(FLAGS_weights));
   const double load_seconds = Seconds(load_start, std::chrono::steady_clock::now());
   if (!model.ok()) return echokv::bench::ReportBenchError(model.status());
   const auto& cfg = (*model)->config();

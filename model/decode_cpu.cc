@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "kernels/block_matmul.h"
 #include "kernels/matmul_rows.h"
 #include "kernels/softmax.h"
 #include "kernels/vec16.h"
@@ -151,6 +152,12 @@ void MatVec(const float* w, const float* x, const float* bias, int64_t rows, int
   }
 }
 
+// The same on a WeightMatrix: float32 tensors as above, native blocks by NativeMatMul.
+void MatVec(const WeightMatrix& w, const float* x, const float* bias, float* y, bool may_split) {
+  if (w.native()) return NativeMatMul(w, x, 1, bias, y, may_split);
+  MatVec(w.tensor.data_ptr<float>(), x, bias, w.rows(), w.cols(), y, may_split);
+}
+
 void RmsNormRow(const float* x, const float* w, int64_t n, double eps, float* out) {
   float ss = 0;
   for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
@@ -188,11 +195,15 @@ void MatMulRows(const float* w, const float* x, const float* bias, int64_t n, in
 
 // out [N, rows] = in [N, cols] W[rows, cols]^T (+ bias) for every row of the batch at
 // once: our loops (MatMulRows, OpenMP pool) or one OpenBLAS product (batched pool).
-void BatchedLinear(bool blas, bool may_split, const at::Tensor& in, const at::Tensor& w, const at::Tensor& bias,
+// Native weights always go through the block kernel (OpenBLAS has no such product).
+void BatchedLinear(bool blas, bool may_split, const at::Tensor& in, const WeightMatrix& wm, const at::Tensor& bias,
                    at::Tensor& out) {
+  const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  if (wm.native()) return NativeMatMul(wm, in.data_ptr<float>(), in.size(0), b, out.data_ptr<float>(), may_split);
+  const at::Tensor& w = wm.tensor;
   if (!blas) {
-    return MatMulRows(w.data_ptr<float>(), in.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr,
-                      in.size(0), w.size(0), w.size(1), out.data_ptr<float>(), may_split);
+    return MatMulRows(w.data_ptr<float>(), in.data_ptr<float>(), b, in.size(0), w.size(0), w.size(1),
+                      out.data_ptr<float>(), may_split);
   }
   if (bias.defined()) {
     at::addmm_out(out, bias, in, w.t());
@@ -201,7 +212,47 @@ void BatchedLinear(bool blas, bool may_split, const at::Tensor& in, const at::Te
   }
 }
 
+// Row `token` of the embedding as float32 into x [D].
+void EmbedRow(const WeightMatrix& embed, int64_t token, float* x) {
+  if (embed.native()) return kernels::DequantizeBlockRows(embed.blocks, token, token + 1, x);
+  const int64_t D = embed.cols();
+  const float* e = embed.tensor.data_ptr<float>() + token * D;
+  std::copy(e, e + D, x);
+}
+
 }  // namespace
+
+void NativeMatMul(const WeightMatrix& w, const float* x, int64_t n, const float* bias, float* y, bool may_split) {
+  const kernels::BlockMatrix& m = w.blocks;
+  const int64_t nb = m.cols / kernels::kBlockValues;
+  // The inputs' int8 blocks, this thread's scratch (reused across products).
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> ds;
+  if (static_cast<int64_t>(q.size()) < n * m.cols) q.resize(n * m.cols);
+  if (static_cast<int64_t>(ds.size()) < 2 * n * nb) ds.resize(2 * n * nb);
+  kernels::QuantizeActs(x, n, m.cols, q.data(), ds.data(), ds.data() + n * nb);
+  const kernels::QuantizedActs acts{q.data(), ds.data(), ds.data() + n * nb};
+  const int64_t work = n * m.rows * m.cols;
+  if (!may_split || work < kMinParallelWork) return kernels::BlockMatMulRows(m, acts, bias, n, y, 0, m.rows);
+  const int64_t block = kernels::BlockMatMulRowsBlock();
+  if (n == 1) {
+    // As MatVec: one contiguous share of the row blocks per thread.
+#pragma omp parallel
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const int64_t blocks = (m.rows + block - 1) / block;
+      const int64_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
+      kernels::BlockMatMulRows(m, acts, bias, 1, y, b0 * block, std::min(m.rows, b1 * block));
+    }
+    return;
+  }
+  // As MatMulRows: row blocks handed out on demand.
+  const int64_t step = block * 8, steps = (m.rows + step - 1) / step;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t b = 0; b < steps; ++b) {
+    kernels::BlockMatMulRows(m, acts, bias, n, y, b * step, std::min(m.rows, (b + 1) * step));
+  }
+}
 
 void Transformer::Impl::AttendGroup(const KvCache& cache, int layer, const GroupSplit& split, int64_t t,
                                     const float* q_row, int64_t pos, bool window, float scale, float* out_row) const {
@@ -253,7 +304,7 @@ absl::StatusOr<DecodeResult> Transformer::Impl::DecodeCpu(int token, KvCache* ca
   for (const auto& [ptr, n] : parts) total += n;
   float* next = Scratch(kDecodeScratch, total);
   for (const auto& [ptr, n] : parts) *ptr = std::exchange(next, next + n);
-  std::copy(embed.data_ptr<float>() + token * D, embed.data_ptr<float>() + (token + 1) * D, x);
+  EmbedRow(embed, token, x);
   const float* inv = inv_freq.data_ptr<float>();
   for (int64_t i = 0; i < d / 2; ++i) {
     const float angle = static_cast<float>(pos) * inv[i];  // float32 angle, as the reference
@@ -265,8 +316,7 @@ absl::StatusOr<DecodeResult> Transformer::Impl::DecodeCpu(int token, KvCache* ca
   for (int l = 0; l < c.num_layers; ++l) {
     const Layer& w = layers[l];
     RmsNormRow(x, w.input_norm.data_ptr<float>(), D, c.rms_norm_eps, h);
-    MatVec(w.wqkv.data_ptr<float>(), h, w.bqkv.defined() ? w.bqkv.data_ptr<float>() : nullptr, (H + 2 * G) * d, D,
-           qkv, !small_model);
+    MatVec(w.wqkv, h, w.bqkv.defined() ? w.bqkv.data_ptr<float>() : nullptr, qkv, !small_model);
     float* q = qkv;
     float* k = q + H * d;
     float* v = k + G * d;
@@ -283,22 +333,21 @@ absl::StatusOr<DecodeResult> Transformer::Impl::DecodeCpu(int token, KvCache* ca
     const GroupSplit split = SplitGroups(1, omp_get_max_threads());
 #pragma omp parallel for schedule(static) if (!small_model && H * n * d >= kMinParallelWork)
     for (int64_t t = 0; t < split.Items(G); ++t) AttendGroup(*cache, l, split, t, q, pos, window, scale, attn);
-    MatVec(w.wo.data_ptr<float>(), attn, w.bo.defined() ? w.bo.data_ptr<float>() : nullptr, D, H * d, o,
-           !small_model);
+    MatVec(w.wo, attn, w.bo.defined() ? w.bo.data_ptr<float>() : nullptr, o, !small_model);
     for (int64_t i = 0; i < D; ++i) x[i] += o[i];
     RmsNormRow(x, w.post_norm.data_ptr<float>(), D, c.rms_norm_eps, h);
-    MatVec(w.w_gate_up.data_ptr<float>(), h, nullptr, 2 * I, D, gu, !small_model);
+    MatVec(w.w_gate_up, h, nullptr, gu, !small_model);
     for (int64_t i = 0; i < I; ++i) {
       const float g = gu[i];
       act[i] = g / (1.0f + std::exp(-g)) * gu[I + i];
     }
-    MatVec(w.w_down.data_ptr<float>(), act, nullptr, D, I, down, !small_model);
+    MatVec(w.w_down, act, nullptr, down, !small_model);
     for (int64_t i = 0; i < D; ++i) x[i] += down[i];
   }
   cache->set_next_position(pos + 1);
   RmsNormRow(x, final_norm.data_ptr<float>(), D, c.rms_norm_eps, h);
   result.logits = at::empty({V}, at::kFloat);
-  MatVec(lm_head.data_ptr<float>(), h, nullptr, V, D, result.logits.data_ptr<float>(), !small_model);
+  MatVec(lm_head, h, nullptr, result.logits.data_ptr<float>(), !small_model);
   return result;
 }
 
@@ -363,8 +412,7 @@ absl::StatusOr<std::vector<DecodeResult>> Transformer::Impl::DecodeBatchRows(abs
   std::vector<float> cos(N * half), sin(N * half);
   const float* inv = inv_freq.data_ptr<float>();
   for (int64_t i = 0; i < N; ++i) {
-    const float* e = embed.data_ptr<float>() + rows[i].token * D;
-    std::copy(e, e + D, RowPtr(x, i));
+    EmbedRow(embed, rows[i].token, RowPtr(x, i));
     pos[i] = rows[i].cache->next_position();
     for (int64_t j = 0; j < half; ++j) {
       const float angle = static_cast<float>(pos[i]) * inv[j];  // float32 angle, as DecodeCpu

@@ -293,6 +293,36 @@ std::string GgufModel::StoredType(absl::string_view name) const {
   return t == nullptr ? "" : FindGgmlType(t->type)->name;
 }
 
+int GgufModel::StoredGgmlType(absl::string_view name) const {
+  const GgufTensor* t = Tensor(name);
+  return t == nullptr ? -1 : static_cast<int>(t->type);
+}
+
+absl::Status GgufModel::ReadStoredRows(absl::string_view name, uint8_t* out) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("no tensor '", name, "'"));
+  const Entry& e = it->second;
+  if (e.shape.size() != 2) return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is not 2-D"));
+  absl::string_view bytes = file_->TensorBytes(*e.tensor);
+  const int64_t rows = e.shape[0];
+  const size_t row_bytes = bytes.size() / static_cast<size_t>(rows);
+  if (e.permute_heads == 0) {
+    std::memcpy(out, bytes.data(), bytes.size());
+    return absl::OkStatus();
+  }
+  // As UnpermuteRows, on whole stored rows: GGUF row h*d + 2i + t is HF row h*d + t*(d/2) + i.
+  const int64_t d = rows / e.permute_heads, half = d / 2;
+  for (int64_t h = 0; h < e.permute_heads; ++h) {
+    for (int64_t i = 0; i < half; ++i) {
+      for (int t = 0; t < 2; ++t) {
+        std::memcpy(out + (h * d + t * half + i) * row_bytes, bytes.data() + (h * d + 2 * i + t) * row_bytes,
+                    row_bytes);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GgufModel::ReadFloat32(absl::string_view name, float* out) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("no tensor '", name, "'"));

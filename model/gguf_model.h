@@ -46,6 +46,8 @@ class GgufModel : public WeightSource {
   const TensorView* View(absl::string_view name) const override;
   absl::Status ReadFloat32(absl::string_view name, float* out) const override;
   std::string StoredType(absl::string_view name) const override;
+  int StoredGgmlType(absl::string_view name) const override;
+  absl::Status ReadStoredRows(absl::string_view name, uint8_t* out) const override;
   // The GGUF tensor behind a Hugging Face name; nullptr when absent.
   const GgufTensor* Tensor(absl::string_view name) const;
 

@@ -28,7 +28,56 @@ namespace {
 // ([H, query_block, context]); larger chunks are split along the queries.
 constexpr int64_t kMaxScoreElements = int64_t{32} << 20;  // 128 MiB of float32
 
+// Native weights in prefill: decoded into a float32 scratch of at most this many values
+// (16 MiB) per product, panels of rows when a matrix is larger; the product of a panel
+// goes through OpenBLAS like the float32 path's. No float32 copy of the model is kept.
+constexpr int64_t kPanelValues = int64_t{4} << 20;
+
 }  // namespace
+
+at::Tensor Transformer::Impl::EmbedRows(const std::vector<int64_t>& ids) const {
+  if (!embed.native()) {
+    return embed.tensor.index_select(0, at::tensor(ids, at::kLong).to(options.device()));
+  }
+  const int64_t D = embed.cols();
+  at::Tensor out = at::empty({static_cast<int64_t>(ids.size()), D}, at::kFloat);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    kernels::DequantizeBlockRows(embed.blocks, ids[i], ids[i] + 1, out.data_ptr<float>() + i * D);
+  }
+  return out;
+}
+
+at::Tensor Transformer::Impl::Linear(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bias) const {
+  if (!w.native()) return bias.defined() ? at::linear(x, w.tensor, bias) : at::linear(x, w.tensor);
+  const at::Tensor in = x.contiguous();
+  const int64_t m = in.size(0), rows = w.rows(), cols = w.cols();
+  at::Tensor out = at::empty({m, rows}, at::kFloat);
+  if (m <= 4) {
+    NativeMatMul(w, in.data_ptr<float>(), m, bias.defined() ? bias.data_ptr<float>() : nullptr,
+                 out.data_ptr<float>(), /*may_split=*/false);
+    return out;
+  }
+  thread_local std::vector<float> scratch;
+  const int64_t panel = std::max<int64_t>(1, std::min(rows, kPanelValues / cols));
+  if (static_cast<int64_t>(scratch.size()) < panel * cols) scratch.resize(panel * cols);
+  for (int64_t r0 = 0; r0 < rows; r0 += panel) {
+    const int64_t r1 = std::min(rows, r0 + panel);
+    kernels::DequantizeBlockRows(w.blocks, r0, r1, scratch.data());
+    const at::Tensor wp = at::from_blob(scratch.data(), {r1 - r0, cols}, at::kFloat);
+    if (r0 == 0 && r1 == rows) {
+      if (bias.defined()) {
+        at::addmm_out(out, bias, in, wp.t());
+      } else {
+        at::mm_out(out, in, wp.t());
+      }
+      return out;
+    }
+    at::Tensor part = at::mm(in, wp.t());
+    if (bias.defined()) part.add_(bias.narrow(0, r0, r1 - r0));
+    out.narrow(1, r0, r1 - r0).copy_(part);
+  }
+  return out;
+}
 
 at::Tensor Transformer::Impl::RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
   // HF LlamaRMSNorm: normalise in float32, cast back, then scale.
@@ -174,14 +223,14 @@ absl::StatusOr<ForwardResult> Transformer::Forward(absl::Span<const int> tokens,
       kernels::RopeTables(pos, impl_->inv_freq, dev, &cos, &sin);  // [m, d]
       lap(&PrefillProfile::rope);
       std::vector<int64_t> ids(tokens.begin() + s, tokens.begin() + s + m);
-      at::Tensor x = impl_->embed.index_select(0, at::tensor(ids, at::kLong).to(dev));  // [m, D]
+      at::Tensor x = impl_->EmbedRows(ids);  // [m, D]
       lap(&PrefillProfile::embed);
 
       for (int l = 0; l < c.num_layers; ++l) {
         const Impl::Layer& w = impl_->layers[l];
         at::Tensor h = impl_->RmsNorm(x, w.input_norm);
         lap(&PrefillProfile::norms);
-        at::Tensor qkv = w.bqkv.defined() ? at::linear(h, w.wqkv, w.bqkv) : at::linear(h, w.wqkv);
+        at::Tensor qkv = impl_->Linear(h, w.wqkv, w.bqkv);
         lap(&PrefillProfile::qkv);
         at::Tensor q = qkv.narrow(1, 0, H * d).view({m, H, d}).transpose(0, 1);          // [H, m, d]
         at::Tensor k = qkv.narrow(1, H * d, G * d).view({m, G, d}).transpose(0, 1);      // [G, m, d]
@@ -201,15 +250,15 @@ absl::StatusOr<ForwardResult> Transformer::Forward(absl::Span<const int> tokens,
         at::Tensor attn = fused ? impl_->FusedAttention(l, q, pos, *cache)
                                 : impl_->Attention(l, q, pos, cache->keys(l), cache->values(l), cache->positions(l));
         lap(&PrefillProfile::attention);
-        at::Tensor o = w.bo.defined() ? at::linear(attn, w.wo, w.bo) : at::linear(attn, w.wo);
+        at::Tensor o = impl_->Linear(attn, w.wo, w.bo);
         x = x + o;
         lap(&PrefillProfile::out_proj);
         at::Tensor h2 = impl_->RmsNorm(x, w.post_norm);
         lap(&PrefillProfile::norms);
-        at::Tensor gu = at::linear(h2, w.w_gate_up);  // [m, 2I]
+        at::Tensor gu = impl_->Linear(h2, w.w_gate_up, at::Tensor());  // [m, 2I]
         const int64_t inter = c.intermediate_size;
         at::Tensor act = at::silu(gu.narrow(1, 0, inter)) * gu.narrow(1, inter, inter);
-        x = x + at::linear(act, w.w_down);
+        x = x + impl_->Linear(act, w.w_down, at::Tensor());
         lap(&PrefillProfile::mlp);
       }
       cache->set_next_position(start + s + m);
@@ -219,7 +268,7 @@ absl::StatusOr<ForwardResult> Transformer::Forward(absl::Span<const int> tokens,
     }
     at::Tensor normed = impl_->RmsNorm(last_hidden, impl_->final_norm);
     lap(&PrefillProfile::norms);
-    result.logits = at::linear(normed, impl_->lm_head).to(at::kFloat).to(at::kCPU).contiguous();
+    result.logits = impl_->Linear(normed.unsqueeze(0), impl_->lm_head, at::Tensor()).squeeze(0).to(at::kFloat).to(at::kCPU).contiguous();
     lap(&PrefillProfile::lm_head);
     if (keep > 0) {
       for (int l = 0; l < c.num_layers; ++l) result.queries.push_back(at::cat(kept_queries[l], 1));
@@ -300,6 +349,15 @@ absl::StatusOr<std::vector<DecodeResult>> Transformer::DecodeBatch(absl::Span<co
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("batched decode failed: ", ErrorText(e)));
   }
+}
+
+int64_t Transformer::DecodeWeightBytes() const {
+  auto bytes = [](const WeightMatrix& m) -> int64_t {
+    return m.native() ? m.blocks.Bytes() : static_cast<int64_t>(m.tensor.nbytes());
+  };
+  int64_t total = bytes(impl_->lm_head);
+  for (const Impl::Layer& l : impl_->layers) total += bytes(l.wqkv) + bytes(l.wo) + bytes(l.w_gate_up) + bytes(l.w_down);
+  return total;
 }
 
 PoolTrace Transformer::pool_trace() const {

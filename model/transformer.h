@@ -36,6 +36,13 @@ struct DeviceOptions {
   // Compute threads (0 = echokv::DefaultThreadCount()): OpenBLAS gets them in batched
   // products, LibTorch's OpenMP team in the decode loops; one pool is busy at a time.
   int num_threads = 0;
+  // "float32" (the exact reference, the default): every weight decoded to float32 at
+  // load. "native" (CPU float32 only): matrices a GGUF file stores as Q4_0 / Q4_1 / Q8_0
+  // blocks stay in that form and decode computes on them (kernels/block_matmul.h:
+  // inputs quantized to int8 per 32 values); prefill decodes them a matrix at a time into
+  // a float32 scratch for its products. Other tensors (norms, other types, safetensors)
+  // stay float32.
+  std::string weights = "float32";
   absl::Status Validate() const;
 };
 
@@ -175,6 +182,10 @@ class Transformer {
 
   // Which thread counts the last prefill chunk, decode and batched decode ran with.
   PoolTrace pool_trace() const;
+
+  // Bytes of the matrices one decode step reads (projections and LM head, as held: float32
+  // or native blocks), for bandwidth bounds.
+  int64_t DecodeWeightBytes() const;
 
  private:
   struct Impl;

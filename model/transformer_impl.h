@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/block_matmul.h"
 #include "model/transformer.h"
 
 namespace echokv::model {
@@ -82,25 +83,43 @@ class ThreadPools {
   int openblas_threads_ = -1;     // last value given to OpenBLAS
 };
 
+// A weight matrix [rows, cols] of the products: a tensor in the model's dtype (the
+// float32 path), or with DeviceOptions::weights = "native" the file's blocks
+// (kernels/block_matmul.h) in memory this holds.
+struct WeightMatrix {
+  at::Tensor tensor;              // defined unless native()
+  kernels::BlockMatrix blocks;    // blocks.data != nullptr when native()
+  std::shared_ptr<void> storage;  // owns blocks.data
+  bool native() const { return blocks.data != nullptr; }
+  int64_t rows() const { return native() ? blocks.rows : tensor.size(0); }
+  int64_t cols() const { return native() ? blocks.cols : tensor.size(1); }
+};
+
+// y [n, w.rows] = x [n, w.cols] W^T (+ bias) on native weights (decode_cpu.cc): the
+// inputs quantized once (kernels::QuantizeActs), then the rows in blocks, split over the
+// OpenMP pool when `may_split` and the work is large enough. Every output's bits are
+// independent of n and of the split (kernels/block_matmul.h).
+void NativeMatMul(const WeightMatrix& w, const float* x, int64_t n, const float* bias, float* y, bool may_split);
+
 struct Transformer::Impl {
   struct Layer {
     at::Tensor input_norm;   // [D]
-    at::Tensor wqkv;         // [(H + 2G) d, D] fused q/k/v projection
+    WeightMatrix wqkv;       // [(H + 2G) d, D] fused q/k/v projection
     at::Tensor bqkv;         // [(H + 2G) d] or undefined
-    at::Tensor wo;           // [D, H d]
+    WeightMatrix wo;         // [D, H d]
     at::Tensor bo;           // [D] or undefined
     at::Tensor post_norm;    // [D]
-    at::Tensor w_gate_up;    // [2 I, D] fused gate/up projection
-    at::Tensor w_down;       // [D, I]
+    WeightMatrix w_gate_up;  // [2 I, D] fused gate/up projection
+    WeightMatrix w_down;     // [D, I]
   };
 
   ModelConfig config;
   DeviceOptions device_options;
   at::TensorOptions options;       // model dtype + device
-  at::Tensor embed;                // [V, D]
+  WeightMatrix embed;              // [V, D]
   std::vector<Layer> layers;
   at::Tensor final_norm;           // [D]
-  at::Tensor lm_head;              // [V, D] (the embedding when tied)
+  WeightMatrix lm_head;            // [V, D] (the embedding when tied)
   at::Tensor inv_freq;             // [d/2] float32 CPU
   std::unique_ptr<ThreadPools> pools;  // which pool gets the threads, per path
   // A model with fewer parameters than kSmallModelParameters (common/env.h), or
@@ -124,6 +143,13 @@ struct Transformer::Impl {
     ++(trace.*count);
     trace.*use = now;
   }
+
+  // Rows `ids` of the embedding [m, D] on the model's device and dtype (native: decoded).
+  at::Tensor EmbedRows(const std::vector<int64_t>& ids) const;
+  // x [m, cols] W^T (+ bias) for prefill: at::linear on the float32 path; native weights
+  // are decoded into a float32 scratch (a panel of rows at a time) for the product, or for
+  // m <= 4 rows (the LM head of the last position) go through the block kernel.
+  at::Tensor Linear(const at::Tensor& x, const WeightMatrix& w, const at::Tensor& bias) const;
 
   // HF LlamaRMSNorm: normalise in float32, cast back, then scale.
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;

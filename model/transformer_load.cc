@@ -13,17 +13,20 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/blas_env.h"
 #include "common/env.h"
 #include "common/huge_pages.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/attention.h"
+#include "kernels/block_matmul.h"
 #include "kernels/rope.h"
 #include "model/gguf.h"
 #include "model/gguf_model.h"
@@ -86,6 +89,13 @@ absl::Status DeviceOptions::Validate() const {
     }
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(absl::StrCat("device must be cpu or cuda[:N], got '", device, "'"));
+  }
+  if (weights != "float32" && weights != "native") {
+    return absl::InvalidArgumentError(absl::StrCat("weights must be float32 or native, got '", weights, "'"));
+  }
+  if (weights == "native" && (device != "cpu" || st != at::kFloat)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights native needs device cpu and dtype float32 (got ", device, " ", dtype, ")"));
   }
   if (num_threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("num_threads must be >= 0, got ", num_threads));
@@ -187,6 +197,10 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
   const int64_t total_tensors = static_cast<int64_t>(ExpectedTensors(config).size());
   int64_t loaded_tensors = 0;
   absl::Status read_error;
+  int64_t native_bytes = 0, native_matrices = 0, float_matrices = 0;  // weights "native"
+  std::set<std::string> native_types;
+  std::shared_ptr<void> arena;  // the native blocks' memory (each WeightMatrix shares it)
+  int64_t arena_size = 0, arena_used = 0;
   try {
     impl->options = at::TensorOptions().dtype(dtype).device(c10::Device(device.device));
     auto load = [&](const std::string& name) -> at::Tensor {
@@ -214,29 +228,98 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
     // Matrices of 1 MiB and more go to huge-page memory (common/huge_pages.h): decode
     // streams them once per token.
     auto big = [&](const at::Tensor& t) { return OnHugePages(t, &huge_page_bytes); };
+    // A product's matrix from one or more tensors stacked by rows (fused q/k/v, gate/up):
+    // with weights "native", the stored blocks when every part is one block type the
+    // kernels read with whole blocks per row; otherwise float32 (the dtype's) as always.
+    auto matrix = [&](const std::vector<std::string>& names) -> WeightMatrix {
+      WeightMatrix m;
+      kernels::BlockType type{};
+      bool blocks = device.weights == "native";
+      int64_t rows = 0, cols = -1;
+      for (const std::string& name : names) {
+        kernels::BlockType t{};
+        const int id = weights.StoredGgmlType(name);
+        const std::vector<int64_t>* shape = weights.Shape(name);
+        blocks = blocks && id >= 0 && kernels::BlockTypeFromGgml(static_cast<uint32_t>(id), &t) &&
+                 shape->size() == 2 && (name == names[0] || t == type) && (cols < 0 || (*shape)[1] == cols) &&
+                 (*shape)[1] % kernels::kBlockValues == 0;
+        if (!blocks) break;
+        type = t;
+        rows += (*shape)[0];
+        cols = (*shape)[1];
+      }
+      if (blocks) {
+        m.blocks = kernels::BlockMatrix{type, nullptr, rows, cols};
+        const int64_t bytes = m.blocks.Bytes();
+        if (arena_used + bytes > arena_size) {
+          read_error = absl::InternalError("native weights: the block arena is too small (a bug)");
+          return m;
+        }
+        uint8_t* data = static_cast<uint8_t*>(arena.get()) + arena_used;
+        arena_used += (bytes + 63) / 64 * 64;
+        m.storage = arena;
+        m.blocks.data = data;
+        int64_t row = 0;
+        for (const std::string& name : names) {
+          loaded_tensors++;
+          if (absl::Status s = weights.ReadStoredRows(name, data + row * m.blocks.RowBytes()); !s.ok()) {
+            if (read_error.ok()) read_error = s;
+          }
+          row += (*weights.Shape(name))[0];
+        }
+        native_bytes += bytes;
+        ++native_matrices;
+        native_types.insert(kernels::BlockTypeName(type));
+        return m;
+      }
+      if (device.weights == "native") ++float_matrices;
+      std::vector<at::Tensor> parts;
+      for (const std::string& name : names) parts.push_back(load(name));
+      m.tensor = big(parts.size() == 1 ? parts[0] : at::cat(parts, 0));
+      return m;
+    };
+    // Native blocks share one arena (2-MiB pages are per mapping: a 200 KB matrix alone
+    // would hold a whole one), sized by every block tensor the source holds.
+    if (device.weights == "native") {
+      for (const ExpectedTensor& t : ExpectedTensors(config)) {
+        kernels::BlockType bt{};
+        const int id = weights.StoredGgmlType(t.name);
+        if (id < 0 || !kernels::BlockTypeFromGgml(static_cast<uint32_t>(id), &bt) || t.shape.size() != 2 ||
+            t.shape[1] % kernels::kBlockValues != 0) {
+          continue;
+        }
+        arena_size += (kernels::BlockMatrix{bt, nullptr, t.shape[0], t.shape[1]}.Bytes() + 63) / 64 * 64;
+      }
+      if (arena_size > 0) {
+        HugePageBuffer buffer = HugePageBuffer::Allocate(static_cast<size_t>(arena_size));
+        if (!buffer.ok()) return absl::ResourceExhaustedError("native weights: could not map the block arena");
+        if (buffer.advised()) huge_page_bytes += static_cast<int64_t>(buffer.size());
+        const size_t size = buffer.size();
+        arena = std::shared_ptr<void>(buffer.Release(), [size](void* p) { HugePageBuffer::Free(p, size); });
+      }
+    }
     const std::string p = "model.layers.";
-    impl->embed = big(load("model.embed_tokens.weight"));
+    impl->embed = matrix({"model.embed_tokens.weight"});
     for (int l = 0; l < config.num_layers; ++l) {
       const std::string b = absl::StrCat(p, l, ".");
       Impl::Layer layer;
       layer.input_norm = load(b + "input_layernorm.weight");
       layer.post_norm = load(b + "post_attention_layernorm.weight");
-      layer.wqkv = big(at::cat({load(b + "self_attn.q_proj.weight"), load(b + "self_attn.k_proj.weight"),
-                                load(b + "self_attn.v_proj.weight")},
-                               0));
+      layer.wqkv =
+          matrix({b + "self_attn.q_proj.weight", b + "self_attn.k_proj.weight", b + "self_attn.v_proj.weight"});
       if (config.qkv_bias) {
         layer.bqkv = at::cat({load(b + "self_attn.q_proj.bias"), load(b + "self_attn.k_proj.bias"),
                               load(b + "self_attn.v_proj.bias")},
                              0);
       }
-      layer.wo = big(load(b + "self_attn.o_proj.weight"));
+      layer.wo = matrix({b + "self_attn.o_proj.weight"});
       if (config.o_bias) layer.bo = load(b + "self_attn.o_proj.bias");
-      layer.w_gate_up = big(at::cat({load(b + "mlp.gate_proj.weight"), load(b + "mlp.up_proj.weight")}, 0));
-      layer.w_down = big(load(b + "mlp.down_proj.weight"));
+      layer.w_gate_up = matrix({b + "mlp.gate_proj.weight", b + "mlp.up_proj.weight"});
+      layer.w_down = matrix({b + "mlp.down_proj.weight"});
       impl->layers.push_back(std::move(layer));
     }
     impl->final_norm = load("model.norm.weight");
-    impl->lm_head = config.tie_word_embeddings ? impl->embed : big(load("lm_head.weight"));
+    impl->lm_head = config.tie_word_embeddings ? impl->embed : matrix({"lm_head.weight"});
     impl->inv_freq = ComputeRopeInvFreq(config).contiguous();
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("loading weights failed: ", ErrorText(e)));
@@ -249,7 +332,13 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
                    << (impl->small_model ? "loops on one thread, batches split by rows" : "loops split")
                    << (split.empty() ? "" : " [ECHOKV_DECODE_SPLIT]") << "); "
                    << DescribeBlasSetup() << "; attention kernel " << kernels::AttentionIsa() << "; "
-                   << (huge_page_bytes >> 20) << " MiB of weights on huge pages; loaded in "
+                   << (huge_page_bytes >> 20) << " MiB of weights on huge pages; weights " << device.weights
+                   << (device.weights == "native"
+                           ? absl::StrCat(" (", native_matrices, " matrices as ", absl::StrJoin(native_types, "/"),
+                                          " blocks, ", native_bytes >> 20, " MiB; ", float_matrices,
+                                          " float32; block kernels ", kernels::BlockMatMulIsa(), ")")
+                           : std::string())
+                   << "; loaded in "
                    << std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count() << " s";
   return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
 }

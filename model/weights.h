@@ -36,6 +36,16 @@ class WeightSource {
   virtual absl::Status ReadFloat32(absl::string_view name, float* out) const = 0;
   // How the tensor is stored ("F32", "BF16", "Q4_1", ...), for logs; "" when absent.
   virtual std::string StoredType(absl::string_view name) const = 0;
+  // The ggml type id of a tensor stored as GGUF blocks (model/ggml_types.h), or -1 when
+  // the source keeps no such form (safetensors) or there is no such tensor.
+  virtual int StoredGgmlType(absl::string_view name) const { return -1; }
+  // Copies a 2-D tensor's stored bytes as they are (no decoding: one row after another,
+  // each rows' cols / block_size blocks) with the rows in Hugging Face order (GGUF's q/k
+  // row permutation undone), to `out` (the tensor's stored size). For the native-weight
+  // path (DeviceOptions::weights); Unimplemented where StoredGgmlType is -1.
+  virtual absl::Status ReadStoredRows(absl::string_view name, uint8_t* out) const {
+    return absl::UnimplementedError("this weight source keeps no stored blocks");
+  }
 };
 
 // WeightSource over a safetensors checkpoint (every tensor is a View; ReadFloat32

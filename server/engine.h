@@ -71,6 +71,7 @@ struct EngineConfig {
   std::string model_dir;
   std::string device = "cpu";
   std::string dtype = "float32";
+  std::string weights = "float32";          // model::DeviceOptions::weights: float32 | native
   int threads = 0;                          // compute threads; 0 = default
   compression::CompressionConfig default_compression;
   MemoryMode default_memory = MemoryMode::kEvict;

@@ -17,6 +17,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   model::DeviceOptions dev;
   dev.device = config.device;
   dev.dtype = config.dtype;
+  dev.weights = config.weights;
   dev.num_threads = config.threads;
   ECHOKV_RETURN_IF_ERROR(dev.Validate());
   ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<model::Transformer> model, model::Transformer::Load(config.model_dir, dev));

@@ -99,6 +99,9 @@ ABSL_FLAG(std::string, served_model_name, "",
           "name. The alias \"echokv\" is always accepted too");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, dtype, "float32", "float32, bfloat16 or float16");
+ABSL_FLAG(std::string, weights, "float32",
+          "float32 (exact, default) or native: a GGUF file's Q4_0/Q4_1/Q8_0 matrices kept as stored, decode on "
+          "them (CPU float32 only)");
 ABSL_FLAG(int, threads, 0, "Compute threads (OpenBLAS for batched products, OpenMP for decode); 0 = $ECHOKV_THREADS or all cores");
 ABSL_FLAG(int, prefill_chunk, 256, "Tokens per prefill model call");
 ABSL_FLAG(int64_t, max_step_tokens, 256,
@@ -178,6 +181,7 @@ absl::StatusOr<EngineConfig> ConfigFromFlags() {
   ECHOKV_ASSIGN_OR_RETURN(c.model_dir, ResolveModelDir(absl::GetFlag(FLAGS_model)));
   c.device = absl::GetFlag(FLAGS_device);
   c.dtype = absl::GetFlag(FLAGS_dtype);
+  c.weights = absl::GetFlag(FLAGS_weights);
   c.threads = absl::GetFlag(FLAGS_threads);
   c.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   c.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);

@@ -74,6 +74,7 @@ ABSL_FLAG(std::string, repair, "on", "echokv workspace repair: on|off");
 ABSL_FLAG(bool, dump_retained, false, "with --json: add the retained positions per layer and group");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda[:N]");
 ABSL_FLAG(std::string, dtype, "float32", "float32 | bfloat16 | float16");
+ABSL_FLAG(std::string, weights, "float32", "float32 | native (a GGUF file's quantized blocks as stored; CPU float32)");
 ABSL_FLAG(int, threads, 0, "compute threads (0 = $ECHOKV_THREADS or all cores)");
 
 namespace {
@@ -142,6 +143,7 @@ absl::Status Run() {
   echokv::model::DeviceOptions device;
   device.device = absl::GetFlag(FLAGS_device);
   device.dtype = absl::GetFlag(FLAGS_dtype);
+  device.weights = absl::GetFlag(FLAGS_weights);
   device.num_threads = absl::GetFlag(FLAGS_threads);
   ECHOKV_RETURN_IF_ERROR(device.Validate());
   ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<echokv::model::Transformer> model,

@@ -1,0 +1,274 @@
+// kernels::BlockMatMulRows (the decode products on Q4_0 / Q4_1 / Q8_0 blocks) in every
+// build the CPU has:
+//  - against a float64 reference of the dequantized weights times the *quantized*
+//    inputs (d * q): only float32 summation error may remain, |err| <= 1e-5 sum|w_j d q_j|;
+//  - against the dequantized weights times the float inputs, within the bound the
+//    inputs' rounding gives: |err| <= sum_b (d_b / 2) sum_{j in b} |w_j| (d_b the input
+//    block's scale; each |x_j - d_b q_j| <= d_b / 2), plus the same float32 slack;
+//  - a row's outputs are the same bits for n = 1 and n = 7 and whatever row ranges the
+//    rows are split into; the AVX2 and portable builds agree within the float32 bound;
+//  - QuantizeActs and DequantizeBlockRows against this file's own decoding of the bytes.
+#include "kernels/block_matmul.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace echokv::kernels {
+namespace {
+
+// A positive normal half 2^(e - 15) (1 + man / 1024) with e in [lo, hi].
+uint16_t RandomHalf(std::mt19937& rng, int lo, int hi, bool negative) {
+  const uint16_t e = std::uniform_int_distribution<int>(lo, hi)(rng);
+  const uint16_t man = std::uniform_int_distribution<int>(0, 1023)(rng);
+  return static_cast<uint16_t>((negative ? 0x8000 : 0) | (e << 10) | man);
+}
+
+double HalfValue(uint16_t h) {
+  const int e = (h >> 10) & 31, man = h & 1023;
+  const double v = std::ldexp(1024.0 + man, e - 25);
+  return (h & 0x8000) ? -v : v;
+}
+
+// Random blocks of `type` for a [rows, cols] matrix, and their values decoded here.
+std::vector<uint8_t> RandomBlocks(BlockType type, int64_t rows, int64_t cols, uint32_t seed, std::vector<double>* w) {
+  std::mt19937 rng(seed);
+  const int64_t nb = cols / 32, bb = BlockBytes(type);
+  std::vector<uint8_t> bytes(rows * nb * bb);
+  w->assign(rows * cols, 0.0);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* p = bytes.data() + (r * nb + b) * bb;
+      double* out = w->data() + r * cols + b * 32;
+      const uint16_t d = RandomHalf(rng, 8, 14, false);
+      std::memcpy(p, &d, 2);
+      if (type == BlockType::kQ8_0) {
+        for (int j = 0; j < 32; ++j) {
+          const int8_t q = static_cast<int8_t>(byte(rng));  // includes -128
+          p[2 + j] = static_cast<uint8_t>(q);
+          out[j] = HalfValue(d) * q;
+        }
+        continue;
+      }
+      double m = 0;
+      if (type == BlockType::kQ4_1) {
+        const uint16_t mh = RandomHalf(rng, 8, 14, byte(rng) & 1);
+        std::memcpy(p + 2, &mh, 2);
+        m = HalfValue(mh);
+      }
+      uint8_t* qs = p + (type == BlockType::kQ4_1 ? 4 : 2);
+      const int off = type == BlockType::kQ4_0 ? 8 : 0;
+      for (int j = 0; j < 16; ++j) {
+        qs[j] = static_cast<uint8_t>(byte(rng));
+        out[j] = HalfValue(d) * ((qs[j] & 15) - off) + m;
+        out[16 + j] = HalfValue(d) * ((qs[j] >> 4) - off) + m;
+      }
+    }
+  }
+  return bytes;
+}
+
+std::vector<float> RandomInputs(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  // A zero block and a block with one large outlier (the scale of a block is its max).
+  if (n >= 64) {
+    for (int j = 0; j < 32; ++j) v[j] = 0.0f;
+    v[40] = 25.0f;
+  }
+  return v;
+}
+
+struct Acts {
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+  QuantizedActs View() const { return {q.data(), d.data(), s.data()}; }
+};
+Acts Quantize(const std::vector<float>& x, int64_t n, int64_t cols) {
+  Acts a;
+  a.q.resize(n * cols);
+  a.d.resize(n * cols / 32);
+  a.s.resize(n * cols / 32);
+  QuantizeActs(x.data(), n, cols, a.q.data(), a.d.data(), a.s.data());
+  return a;
+}
+
+std::vector<std::string> SupportedIsas() {
+  std::vector<std::string> isas;
+  for (const char* isa : {"avx2", "scalar"}) {
+    if (SetBlockMatMulIsa(isa)) isas.push_back(isa);
+  }
+  SetBlockMatMulIsa("auto");
+  return isas;
+}
+
+const BlockType kTypes[] = {BlockType::kQ4_0, BlockType::kQ4_1, BlockType::kQ8_0};
+
+class BlockMatMulTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(SetBlockMatMulIsa(GetParam()));
+    ASSERT_EQ(BlockMatMulIsa(), GetParam());
+  }
+  void TearDown() override { SetBlockMatMulIsa("auto"); }
+};
+
+TEST_P(BlockMatMulTest, MatchesFloat64ReferenceWithinTheInputRoundingBound) {
+  for (BlockType type : kTypes) {
+    for (int64_t cols : {32, 64, 96, 576, 1536}) {
+      for (int64_t rows : {1, 2, 3, 5, 7, 9}) {
+        for (int64_t n : {1, 2, 3, 4, 5, 7, 16}) {
+          SCOPED_TRACE(::testing::Message() << BlockTypeName(type) << " cols " << cols << " rows " << rows << " n " << n);
+          std::vector<double> w;
+          const std::vector<uint8_t> bytes = RandomBlocks(type, rows, cols, 11 + rows + cols, &w);
+          const std::vector<float> x = RandomInputs(n * cols, 5 + n), bias = RandomInputs(rows, 3);
+          const bool with_bias = (rows + n) % 2 == 0;
+          const Acts a = Quantize(x, n, cols);
+          const BlockMatrix m{type, bytes.data(), rows, cols};
+          std::vector<float> y(n * rows, NAN);
+          BlockMatMulRows(m, a.View(), with_bias ? bias.data() : nullptr, n, y.data(), 0, rows);
+          for (int64_t i = 0; i < n; ++i) {
+            for (int64_t r = 0; r < rows; ++r) {
+              double exact_q = with_bias ? bias[r] : 0.0, exact_x = exact_q, mag = std::abs(exact_q), bound = 0;
+              for (int64_t b = 0; b < cols / 32; ++b) {
+                const double d = a.d[i * (cols / 32) + b];
+                double abs_w = 0;
+                for (int64_t j = b * 32; j < b * 32 + 32; ++j) {
+                  const double wj = w[r * cols + j];
+                  exact_q += wj * (d * a.q[i * cols + j]);
+                  exact_x += wj * x[i * cols + j];
+                  mag += std::abs(wj) * (std::abs(d * a.q[i * cols + j]) + std::abs(x[i * cols + j]));
+                  abs_w += std::abs(wj);
+                }
+                bound += d / 2 * abs_w;
+              }
+              const double got = y[i * rows + r], slack = 1e-5 * mag + 1e-6;
+              EXPECT_NEAR(got, exact_q, slack) << "row " << r << " input " << i;
+              EXPECT_NEAR(got, exact_x, bound * (1 + 1e-6) + slack) << "row " << r << " input " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(BlockMatMulTest, RowOutputsDoNotDependOnTheBatchOrTheRowSplit) {
+  for (BlockType type : kTypes) {
+    const int64_t rows = 23, cols = 576, n = 7;
+    std::vector<double> w;
+    const std::vector<uint8_t> bytes = RandomBlocks(type, rows, cols, 77, &w);
+    const std::vector<float> x = RandomInputs(n * cols, 9), bias = RandomInputs(rows, 4);
+    const Acts a = Quantize(x, n, cols);
+    const BlockMatrix m{type, bytes.data(), rows, cols};
+    std::vector<float> batch(n * rows), split(n * rows);
+    BlockMatMulRows(m, a.View(), bias.data(), n, batch.data(), 0, rows);
+    // The same rows in uneven ranges (no range a multiple of the tile height).
+    for (auto [b, e] : {std::pair<int64_t, int64_t>{0, 1}, {1, 6}, {6, 13}, {13, 23}}) {
+      BlockMatMulRows(m, a.View(), bias.data(), n, split.data(), b, e);
+    }
+    EXPECT_EQ(0, std::memcmp(batch.data(), split.data(), batch.size() * sizeof(float))) << BlockTypeName(type);
+    for (int64_t i = 0; i < n; ++i) {
+      const Acts one = Quantize(std::vector<float>(x.begin() + i * cols, x.begin() + (i + 1) * cols), 1, cols);
+      std::vector<float> alone(rows);
+      BlockMatMulRows(m, one.View(), bias.data(), 1, alone.data(), 0, rows);
+      EXPECT_EQ(0, std::memcmp(alone.data(), batch.data() + i * rows, rows * sizeof(float)))
+          << BlockTypeName(type) << " input " << i << " alone vs in a batch of " << n;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isas, BlockMatMulTest, ::testing::ValuesIn(SupportedIsas()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+TEST(BlockMatMulIsas, Avx2AndScalarAgreeWithinTheFloat32Bound) {
+  if (!SetBlockMatMulIsa("avx2")) GTEST_SKIP() << "no AVX2 on this CPU (the portable build is tested above)";
+  for (BlockType type : kTypes) {
+    const int64_t rows = 37, cols = 1536, n = 5;
+    std::vector<double> w;
+    const std::vector<uint8_t> bytes = RandomBlocks(type, rows, cols, 5, &w);
+    const std::vector<float> x = RandomInputs(n * cols, 6);
+    const Acts a = Quantize(x, n, cols);
+    const BlockMatrix m{type, bytes.data(), rows, cols};
+    std::vector<float> avx2(n * rows), scalar(n * rows);
+    ASSERT_TRUE(SetBlockMatMulIsa("avx2"));
+    BlockMatMulRows(m, a.View(), nullptr, n, avx2.data(), 0, rows);
+    ASSERT_TRUE(SetBlockMatMulIsa("scalar"));
+    BlockMatMulRows(m, a.View(), nullptr, n, scalar.data(), 0, rows);
+    SetBlockMatMulIsa("auto");
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t r = 0; r < rows; ++r) {
+        double mag = 0;
+        for (int64_t j = 0; j < cols; ++j) {
+          mag += std::abs(w[r * cols + j] * a.d[i * (cols / 32) + j / 32] * a.q[i * cols + j]);
+        }
+        EXPECT_NEAR(avx2[i * rows + r], scalar[i * rows + r], 2e-5 * mag + 1e-6) << BlockTypeName(type);
+      }
+    }
+  }
+}
+
+TEST(QuantizeActs, RoundsEachBlockToItsScale) {
+  const int64_t cols = 96, n = 3;
+  const std::vector<float> x = RandomInputs(n * cols, 21);
+  const Acts a = Quantize(x, n, cols);
+  for (int64_t b = 0; b < n * cols / 32; ++b) {
+    float amax = 0;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(x[b * 32 + j]));
+    EXPECT_EQ(a.d[b], amax / 127.0f);
+    for (int j = 0; j < 32; ++j) {
+      const int q = a.q[b * 32 + j];
+      sum += q;
+      EXPECT_LE(std::abs(q), 127);
+      EXPECT_LE(std::abs(x[b * 32 + j] - static_cast<double>(a.d[b]) * q), a.d[b] / 2 * (1 + 1e-6) + 1e-30);
+    }
+    EXPECT_EQ(a.s[b], a.d[b] * static_cast<float>(sum));
+  }
+  EXPECT_EQ(a.d[0], 0.0f);  // the all-zero block
+  EXPECT_EQ(a.q[40], 127);  // the outlier is its block's maximum
+}
+
+TEST(DequantizeBlockRows, GivesTheBlocksValues) {
+  for (BlockType type : kTypes) {
+    const int64_t rows = 6, cols = 64;
+    std::vector<double> w;
+    const std::vector<uint8_t> bytes = RandomBlocks(type, rows, cols, 3, &w);
+    const BlockMatrix m{type, bytes.data(), rows, cols};
+    std::vector<float> out((rows - 2) * cols);
+    DequantizeBlockRows(m, 2, rows, out.data());
+    for (int64_t k = 0; k < (rows - 2) * cols; ++k) {
+      // d * q + m: one float32 rounding of the product, one of the sum.
+      EXPECT_NEAR(out[k], w[2 * cols + k], 1e-6 * std::abs(w[2 * cols + k]) + 4e-6) << BlockTypeName(type);
+    }
+  }
+}
+
+TEST(DequantizeBlockRows, EveryBuildGivesTheSameBits) {
+  for (BlockType type : kTypes) {
+    const int64_t rows = 9, cols = 576;
+    std::vector<double> w;
+    const std::vector<uint8_t> bytes = RandomBlocks(type, rows, cols, 8, &w);
+    const BlockMatrix m{type, bytes.data(), rows, cols};
+    std::vector<float> first;
+    for (const std::string& isa : SupportedIsas()) {
+      ASSERT_TRUE(SetBlockMatMulIsa(isa));
+      std::vector<float> out(rows * cols);
+      DequantizeBlockRows(m, 0, rows, out.data());
+      if (first.empty()) first = out;
+      EXPECT_EQ(0, std::memcmp(first.data(), out.data(), out.size() * sizeof(float))) << BlockTypeName(type) << " " << isa;
+    }
+    SetBlockMatMulIsa("auto");
+  }
+}
+
+}  // namespace
+}  // namespace echokv::kernels
