@@ -1,5 +1,8 @@
 #include "kernels/block_matmul.h"
 
+#if defined(ECHOKV_BLOCK_MATMUL_X86)
+#include <cpuid.h>
+#endif
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -100,7 +103,12 @@ struct Choice {
 constexpr Choice kScalar{"scalar", BlockMatMulScalar, 2, DequantizeBlockRowsScalar};
 #if defined(ECHOKV_BLOCK_MATMUL_X86)
 constexpr Choice kAvx2{"avx2", BlockMatMulAvx2, 4, DequantizeBlockRowsAvx2};
-bool CpuRunsAvx2() { return CpuRunsIsa("avx2") && __builtin_cpu_supports("f16c"); }
+// F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports has no "f16c".
+bool CpuHasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+}
+bool CpuRunsAvx2() { return CpuRunsIsa("avx2") && CpuHasF16c(); }
 #endif
 
 const Choice* Find(const std::string& isa) {
