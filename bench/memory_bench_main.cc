@@ -41,9 +41,9 @@
 #include "compression/config.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
-#include "server/clock.h"
-#include "server/engine.h"
-#include "server/stats.h"
+#include "server/engine/clock.h"
+#include "server/engine/engine.h"
+#include "server/engine/stats.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(std::string, random40m, "", "write (once) and use the random ~40M llama in this directory");

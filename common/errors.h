@@ -1,8 +1,8 @@
 // Typed errors: what an error is (its ErrorKind), which request field it is about and
 // which limit refused it, carried on absl::Status as a payload so that no code decides
 // anything by a message's text (messages are for people and free to change). The
-// doors map a kind to their wire in one table each: server/status_util.h (GrpcCode)
-// and server/http_status.h (OpenAiError). Torch-free; compression/ and model/ use it
+// doors map a kind to their wire in one table each: server/doors/grpc/status_util.h (GrpcCode)
+// and server/doors/http/http_status.h (OpenAiError). Torch-free; compression/ and model/ use it
 // for the field of their own validation errors.
 //
 //   return MakeError(ErrorKind::kInvalidArgument, "temperature", "temperature must be >= 0, got -1");

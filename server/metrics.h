@@ -1,7 +1,7 @@
 // Prometheus metrics of echokv-server (docs/DESIGN.md rule 10): the engine reports plain
-// stats (server/stats.h) and the service reports request outcomes; this class turns
+// stats (server/engine/stats.h) and the service reports request outcomes; this class turns
 // them into prometheus-cpp families served at GET /metrics (cpp-httplib on its own
-// port: a growing pool of workers and timeouts, server/http_util.h). Every name
+// port: a growing pool of workers and timeouts, server/doors/http/http_util.h). Every name
 // starts with "echokv_"; label values are bounded (policy, phase, method, code,
 // limit), never a session id.
 //
@@ -17,8 +17,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "server/http_util.h"
-#include "server/stats.h"
+#include "server/doors/http/http_util.h"
+#include "server/engine/stats.h"
 
 namespace echokv::server {
 

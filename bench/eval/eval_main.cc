@@ -42,7 +42,7 @@
 #include "compression/config.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
-#include "server/session_store.h"
+#include "server/engine/session_store.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (required)");
 ABSL_FLAG(std::string, data, "", "JSONL case file (required)");

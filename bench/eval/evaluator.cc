@@ -20,8 +20,8 @@
 #include "kernels/rope.h"
 #include "kernels/score.h"
 #include "model/sampler.h"
-#include "server/session_data.h"
-#include "server/turn_job.h"
+#include "server/engine/session_data.h"
+#include "server/engine/turn_job.h"
 
 namespace echokv::eval {
 namespace {

@@ -35,7 +35,7 @@
 #include "bench/eval/metrics.h"
 #include "compression/config.h"
 #include "model/transformer.h"
-#include "server/session_store.h"
+#include "server/engine/session_store.h"
 
 namespace echokv::eval {
 

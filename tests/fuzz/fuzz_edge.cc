@@ -16,10 +16,10 @@
 #include "google/protobuf/message.h"
 #include "google/protobuf/stubs/logging.h"
 #include "proto/echokv/v1/echokv.pb.h"
-#include "server/openai_protocol.h"
-#include "server/request_convert.h"
-#include "server/session_store.h"
-#include "server/wire_check.h"
+#include "server/doors/http/openai_protocol.h"
+#include "server/doors/grpc/request_convert.h"
+#include "server/engine/session_store.h"
+#include "server/doors/grpc/wire_check.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

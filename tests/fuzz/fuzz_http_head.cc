@@ -1,4 +1,4 @@
-// libFuzzer target: the HTTP front's request heads (server/http_head.h), the bytes an
+// libFuzzer target: the HTTP front's request heads (server/doors/http/http_head.h), the bytes an
 // unauthenticated client controls before anything else runs.
 //   Input: the first byte picks a cut point (a read boundary), the rest is the stream
 //   of bytes the front reads from a connection.
@@ -18,7 +18,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "server/http_head.h"
+#include "server/doors/http/http_head.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

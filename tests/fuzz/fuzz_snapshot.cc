@@ -1,7 +1,7 @@
 // libFuzzer target: a session snapshot as ImportSession receives it (client bytes), then
 // what the engine does with an accepted one (engine.cc SessionImportImpl::Complete):
 // SnapshotImporter::Feed in chunks (server/state/snapshot.cc, the manifest and segment
-// formats of format.cc), MetaFromManifest on the parsed manifest (server/persistence.cc:
+// formats of format.cc), MetaFromManifest on the parsed manifest (server/engine/persistence.cc:
 // the saved report, chat messages and blob shapes), Finish, then OpenSession +
 // LoadSessionData (blobs to tensors against the real stories260K model), and delete.
 // The fuzz build accepts any checksum (state/format.h ChecksumMatches) so mutations reach
@@ -14,7 +14,7 @@
 #include <string>
 
 #include "model/transformer.h"
-#include "server/persistence.h"
+#include "server/engine/persistence.h"
 #include "server/state/snapshot.h"
 #include "server/state/store.h"
 #include "tests/fuzz/fuzz_util.h"

@@ -4,7 +4,7 @@
 // ImportSession and Compress (for its bytes; it creates no session, so max_sessions does
 // not apply to it); a tenant's quota likewise; after Shutdown every one is UNAVAILABLE.
 // An in-process engine over a tiny random model (as engine_test.cc), a fake clock.
-#include "server/engine.h"
+#include "server/engine/engine.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
-// The tokens file and bearer-token verification (server/auth.h), and the fair stream
-// slots (server/stream_slots.h). Digests are checked against Debian's sha256sum (an
+// The tokens file and bearer-token verification (server/doors/auth.h), and the fair stream
+// slots (server/sessions/stream_slots.h). Digests are checked against Debian's sha256sum (an
 // independent implementation) and the FIPS 180-2 test vector.
-#include "server/auth.h"
+#include "server/doors/auth.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "server/stream_slots.h"
+#include "server/sessions/stream_slots.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_data.h"
 

@@ -17,7 +17,7 @@
 #include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "nlohmann/json.hpp"
-#include "server/engine.h"
+#include "server/engine/engine.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_data.h"
 #include "tools/make_test_model.h"

@@ -18,7 +18,7 @@
 
 #include "model/tokenizer.h"
 #include "model/transformer.h"
-#include "server/engine.h"
+#include "server/engine/engine.h"
 #include "server/state/file_ops.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_data.h"

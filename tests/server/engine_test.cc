@@ -2,7 +2,7 @@
 // decode of many streams equals each stream run alone, for every policy; limits with
 // real numbers; TTL without sleeping; cancellation; a reader that never reads; health.
 // Models: deterministic tiny random checkpoints (echokv-make-test-model's library).
-#include "server/engine.h"
+#include "server/engine/engine.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // Typed errors (common/errors.h) and the doors' two tables: every ErrorKind -> its gRPC
-// code (server/status_util.h GrpcCode) and its OpenAI error (server/http_status.h
+// code (server/doors/grpc/status_util.h GrpcCode) and its OpenAI error (server/doors/http/http_status.h
 // OpenAiError: HTTP status, type, code, param, Retry-After), exhaustively over the
 // enum, so that a kind added without a row, or a row changed, fails here. ErrorInfo
 // travels on absl::Status and survives the prefixes the engine adds.
@@ -12,8 +12,8 @@
 #include <tuple>
 
 #include "common/errors.h"
-#include "server/http_status.h"
-#include "server/status_util.h"
+#include "server/doors/http/http_status.h"
+#include "server/doors/grpc/status_util.h"
 
 namespace echokv::server {
 namespace {

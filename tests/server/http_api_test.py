@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The OpenAI-compatible HTTP API of echokv-server (server/openai_server.h) and its
+"""The OpenAI-compatible HTTP API of echokv-server (server/doors/http/openai_server.h) and its
 /metrics listener, against the real binary on stories260K, with Python's standard
 library only (http.client, socket, urllib) for HTTP and the echokv Python client
 (client/python, generated stubs) for the gRPC side:
@@ -700,7 +700,7 @@ class NoChatTemplateTest(HttpTestCase):
 
 
 class AuthTest(unittest.TestCase):
-    """The HTTP door checks the same bearer tokens as the gRPC door (server/auth.h): 401
+    """The HTTP door checks the same bearer tokens as the gRPC door (server/doors/auth.h): 401
     without or with a wrong token, and another tenant's session is unknown (404) over
     HTTP exactly as over gRPC."""
 

@@ -1,9 +1,9 @@
-// server/http_head.h: where a head ends in a buffer read piece by piece, and the strict
+// server/doors/http/http_head.h: where a head ends in a buffer read piece by piece, and the strict
 // parse that refuses every head two HTTP parsers could read differently (RFC 9112 §6.3,
 // §11.2). Each refused case is one a lenient parser accepted before (the old front took
 // the last of two Content-Length values, names with a space before the colon, folded
 // lines, "+5" as a length).
-#include "server/http_head.h"
+#include "server/doors/http/http_head.h"
 
 #include <string>
 

@@ -1,9 +1,9 @@
-// HttpListener (server/http_util.h): idle connections do not block requests and hold no
+// HttpListener (server/doors/http/http_util.h): idle connections do not block requests and hold no
 // worker, a trickled head is closed at one total deadline, the gate answers before the
 // body, the connection caps evict the oldest waiting peer, a taken port is refused
 // (SO_REUSEADDR, not httplib's SO_REUSEPORT), options are validated, Stop() is
 // idempotent. Waits have generous ceilings that only guard against hangs.
-#include "server/http_util.h"
+#include "server/doors/http/http_util.h"
 
 #include <httplib.h>
 #include <netinet/in.h>

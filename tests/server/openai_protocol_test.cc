@@ -3,7 +3,7 @@
 // hand-written table, token bytes of both tokenizer kinds, and the response / chunk
 // shapes of OpenAI's API reference. The end-to-end behaviour is
 // tests/server/http_api_test.py.
-#include "server/openai_protocol.h"
+#include "server/doors/http/openai_protocol.h"
 
 #include <cmath>
 #include <limits>
@@ -15,7 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/tokenizer.h"
-#include "server/http_status.h"
+#include "server/doors/http/http_status.h"
 #include "tests/testing/test_data.h"
 
 namespace echokv::server::openai {

@@ -2,7 +2,7 @@
 // prefill token budget, oldest-first prefill, round-robin phases, backpressure, and a
 // simulated engine loop (a fake runner advancing fake jobs and streams) for fairness,
 // cancellation mid-batch and streams finishing while others continue.
-#include "server/scheduler.h"
+#include "server/engine/scheduler.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

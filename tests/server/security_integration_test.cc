@@ -31,7 +31,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "proto/echokv/v1/echokv.grpc.pb.h"
-#include "server/auth.h"
+#include "server/doors/auth.h"
 #include "tests/testing/test_data.h"
 
 namespace echokv::server {

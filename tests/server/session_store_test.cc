@@ -1,7 +1,7 @@
 // SessionStore: limits with real numbers (exactly N sessions fit), byte accounting on
 // commit (the session's old bytes are freed, not forgotten), TTL with a fake clock,
 // busy claims, tenant isolation without an existence oracle, and the id grammar.
-#include "server/session_store.h"
+#include "server/engine/session_store.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

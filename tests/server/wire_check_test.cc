@@ -1,8 +1,8 @@
-// ParseRequest / CheckWire (server/wire_check.h): invalid UTF-8 in any string field of
+// ParseRequest / CheckWire (server/doors/grpc/wire_check.h): invalid UTF-8 in any string field of
 // any request is named with its path; malformed wire data is refused as such; valid
 // requests parse exactly as protobuf parses them. The oracle for "valid" is protobuf's
 // own parser (a request it accepts must pass; one it refuses must be refused).
-#include "server/wire_check.h"
+#include "server/doors/grpc/wire_check.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -11,8 +11,8 @@
 #include <string>
 
 #include "proto/echokv/v1/echokv.pb.h"
-#include "server/request_convert.h"
-#include "server/session_store.h"
+#include "server/doors/grpc/request_convert.h"
+#include "server/engine/session_store.h"
 #include "tests/testing/status_matchers.h"
 
 namespace echokv::server {

@@ -1,0 +1,934 @@
+#include "server/doors/http/openai_server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/echo.h"
+#include "server/doors/http/http_auth.h"
+#include "server/doors/http/http_status.h"
+#include "server/doors/http/openai_protocol.h"
+
+namespace echokv::server {
+
+using openai::ApiKind;
+using openai::GenerationRequest;
+using openai::ResponseBuilder;
+using openai::SessionRef;
+
+namespace {
+
+constexpr char kSessionHeader[] = "x-echokv-session";
+constexpr char kJson[] = "application/json";
+// How often an idle stream checks that its client is still there.
+constexpr absl::Duration kStreamPoll = absl::Milliseconds(100);
+
+// The result of one engine call, waited for on an HTTP worker. The callback owns a
+// reference to the state, so the waiter may go first.
+template <typename T>
+class Result {
+ public:
+  DoneFn<T> Callback() const {
+    return [st = state_](absl::StatusOr<T> v) {
+      absl::MutexLock lock(&st->mu);
+      st->value = std::move(v);
+      st->done = true;
+    };
+  }
+  absl::StatusOr<T> Wait() const {
+    absl::MutexLock lock(&state_->mu);
+    state_->mu.Await(absl::Condition(&state_->done));
+    return std::move(state_->value);
+  }
+
+ private:
+  struct State {
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::StatusOr<T> value ABSL_GUARDED_BY(mu) = absl::UnknownError("no result");
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+// One Generate: the engine's deltas queue here (engine thread) and the HTTP worker
+// takes them. For streams, backlog() = deltas queued + those being written: what the
+// client has not taken yet, so the scheduler skips a slow reader instead of queueing
+// without bound (EngineLimits::max_stream_backlog).
+class Generation : public std::enable_shared_from_this<Generation> {
+ public:
+  Generation(Engine* engine, int max_backlog) : engine_(engine), max_backlog_(max_backlog) {}
+
+  CancelFlag cancel() const { return cancel_; }
+
+  StreamSink Sink(bool streaming) {
+    StreamSink sink;
+    std::shared_ptr<Generation> self = shared_from_this();
+    sink.on_delta = [self](GenerateDelta d) {
+      absl::MutexLock lock(&self->mu_);
+      self->queue_.push_back(std::move(d));
+    };
+    if (streaming) {
+      sink.backlog = [self] {
+        absl::MutexLock lock(&self->mu_);
+        return static_cast<int>(self->queue_.size()) + self->writing_;
+      };
+    }
+    return sink;
+  }
+
+  DoneFn<GenerateSummary> Done() {
+    return [self = shared_from_this()](absl::StatusOr<GenerateSummary> r) {
+      absl::MutexLock lock(&self->mu_);
+      self->result_ = std::move(r);
+      self->done_ = true;
+    };
+  }
+
+  // Blocks until a delta or the end arrived.
+  void WaitFirstEvent() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &Generation::HasEvent));
+  }
+
+  // The end, with no delta before it.
+  bool EndedEmpty() {
+    absl::MutexLock lock(&mu_);
+    return done_ && queue_.empty();
+  }
+
+  enum class Next { kDeltas, kEnd, kIdle };
+  // Takes every queued delta (then call Written() after writing them), or reports the
+  // end once the queue is empty, or kIdle after `wait` with nothing new.
+  Next Take(absl::Duration wait, std::vector<GenerateDelta>* out) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(this, &Generation::HasEvent), wait);
+    if (!queue_.empty()) {
+      held_back_ = static_cast<int>(queue_.size()) >= max_backlog_;
+      for (GenerateDelta& d : queue_) out->push_back(std::move(d));
+      queue_.clear();
+      writing_ = static_cast<int>(out->size());
+      return Next::kDeltas;
+    }
+    return done_ ? Next::kEnd : Next::kIdle;
+  }
+
+  // The deltas of the last Take() left for the client.
+  void Written() {
+    bool wake = false;
+    {
+      absl::MutexLock lock(&mu_);
+      // The scheduler skips the stream while queued + being written reaches the limit
+      // (it may have looked at any moment since Take); wake it if that could be so.
+      wake = held_back_ || static_cast<int>(queue_.size()) + writing_ >= max_backlog_;
+      writing_ = 0;
+      held_back_ = false;
+    }
+    if (wake) engine_->Wake();  // the scheduler may have skipped this stream
+  }
+
+  // Blocks until the engine finished; returns its result and every delta not taken.
+  absl::StatusOr<GenerateSummary> WaitEnd(std::vector<GenerateDelta>* rest = nullptr) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+    if (rest != nullptr) {
+      for (GenerateDelta& d : queue_) rest->push_back(std::move(d));
+      queue_.clear();
+    }
+    return result_;
+  }
+
+  absl::StatusOr<GenerateSummary> result() {
+    absl::MutexLock lock(&mu_);
+    return result_;
+  }
+
+ private:
+  bool HasEvent() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || done_; }
+
+  Engine* engine_;                 // not owned
+  const int max_backlog_;          // EngineLimits::max_stream_backlog
+  CancelFlag cancel_ = std::make_shared<std::atomic<bool>>(false);
+  absl::Mutex mu_;
+  std::deque<GenerateDelta> queue_ ABSL_GUARDED_BY(mu_);   // deltas not yet taken
+  int writing_ ABSL_GUARDED_BY(mu_) = 0;                   // taken, being written
+  bool held_back_ ABSL_GUARDED_BY(mu_) = false;            // the queue was at the backlog limit
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::StatusOr<GenerateSummary> result_ ABSL_GUARDED_BY(mu_) = absl::UnknownError("not finished");
+};
+
+// An engine error in the request's own names: the engine's fields (ErrorInfo::field)
+// "input..." and "max_tokens" are this request's messages / prompt and max_tokens /
+// max_completion_tokens (http_status.h's OpenAiError table does the rest).
+HttpError EngineError(const absl::Status& status, ApiKind kind, const std::string& max_tokens_param) {
+  OpenAiParamNames names;
+  names.input = kind == ApiKind::kChat ? "messages" : "prompt";
+  if (!max_tokens_param.empty()) names.max_tokens = max_tokens_param;
+  return ToHttpError(status, names);
+}
+
+uint64_t RandomSeed() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng();
+}
+
+}  // namespace
+
+class OpenAiServer::Impl {
+ public:
+  Engine* engine = nullptr;                   // not owned
+  Metrics* metrics = nullptr;                 // not owned; may be null
+  OpenAiConfig config;
+  DoorSlots slots;
+  std::string model_name;                     // the served id
+  int64_t created = 0;                        // Unix seconds at start (GET /v1/models)
+  std::unique_ptr<openai::TokenTable> tokens; // logprobs token strings
+  std::atomic<bool> draining{false};
+  std::atomic<bool> stopping{false};          // Stop(): streams end with an error event
+  std::atomic<int> in_flight{0};              // completion requests running
+  std::unique_ptr<HttpListener> listener;
+
+  // One completion request from parse to the last byte; the destructor (on an HTTP
+  // worker, after the engine finished) deletes a temporary session, frees the slot
+  // and counts the request.
+  struct Call {
+    Impl* impl;
+    const char* route;
+    Caller caller;
+    bool slot = false;               // holds a DoorSlots slot of caller.tenant
+    std::string temporary_session;   // deleted at the end
+    int status = 200;                // for metrics (499: the client left mid-stream)
+    Call(Impl* i, const char* r) : impl(i), route(r) { impl->in_flight.fetch_add(1); }
+    ~Call() {
+      if (!temporary_session.empty()) {
+        impl->engine->DeleteSession(caller, temporary_session, [](absl::StatusOr<int64_t>) {});
+      }
+      if (slot && impl->slots.release) impl->slots.release(caller.tenant);
+      if (impl->metrics != nullptr && route != nullptr) impl->metrics->OnHttpRequest(route, status);
+      impl->in_flight.fetch_sub(1);
+    }
+  };
+
+  void Routes(httplib::Server& s);
+  // The front's look at a complete head, before the body is read (HttpOptions::gate):
+  // the bearer token (401), a body on /health (400), a body over the limit (413).
+  std::optional<HttpEarlyReply> Gate(const HttpRequestHead& head) const;
+
+ private:
+  void Reply(Call* call, httplib::Response& res, HttpError e) {
+    if (call != nullptr) call->status = e.status;
+    res.status = e.status;
+    for (const auto& [name, value] : HttpErrorHeaders(e)) res.set_header(name, value);
+    res.set_content(HttpErrorJson(e), kJson);
+  }
+  bool CheckModel(const std::string& model, HttpError* e) const {
+    if (model == model_name || model == config.model_alias) return true;
+    *e = ToHttpError(absl::NotFoundError(absl::StrCat("The model ", EchoPrefix(model), " does not exist; this server serves '",
+                                                      model_name, "' (alias '", config.model_alias, "')")));
+    e->param = "model";
+    e->code = "model_not_found";
+    return false;
+  }
+  absl::StatusOr<compression::CompressionConfig> ConfigFrom(const openai::EchokvOptions& o) const;
+  // Creates the session the request runs on, or checks the one it continues. Sets
+  // `session_id`, `commit` and, for a continued session, the input `append` the
+  // generation appends first, in one unit with it (GenerateParams::input: nothing
+  // changes unless the whole request succeeds); false with `error` set on failure.
+  bool PrepareSession(Call* call, ApiKind kind, const SessionRef& ref, InputSpec input,
+                      const openai::EchokvOptions& options, std::string* session_id, bool* commit,
+                      std::optional<InputSpec>* append, HttpError* error);
+  void Complete(const httplib::Request& req, httplib::Response& res, ApiKind kind, const GenerationRequest& gen,
+                InputSpec input, std::shared_ptr<Call> call);
+  void HandleChat(const httplib::Request& req, httplib::Response& res);
+  void HandleCompletion(const httplib::Request& req, httplib::Response& res);
+  // /v1/completions with several prompts (stateless only): each runs through Complete
+  // in turn; choice i answers prompt i, usage sums over them.
+  void CompleteMany(const httplib::Request& req, httplib::Response& res, openai::CompletionRequest cr,
+                    std::shared_ptr<Call> call);
+  // Auth, drain and parse checks shared by both; false: `res` holds the error.
+  bool Admit(const httplib::Request& req, httplib::Response& res, Call* call);
+  nlohmann::ordered_json ModelJson() const {
+    return nlohmann::ordered_json{{"id", model_name}, {"object", "model"}, {"created", created}, {"owned_by", "echokv"}};
+  }
+};
+
+absl::StatusOr<compression::CompressionConfig> OpenAiServer::Impl::ConfigFrom(const openai::EchokvOptions& o) const {
+  compression::CompressionConfig cfg = engine->facts().default_compression;
+  if (o.policy.has_value()) {
+    absl::StatusOr<compression::PolicyKind> kind = compression::ParsePolicyKind(*o.policy);
+    if (!kind.ok()) {
+      return MakeError(ErrorKind::kInvalidArgument, "echokv.policy",
+                       absl::StrCat("echokv.policy: unknown policy ", EchoPrefix(*o.policy), "; one of ",
+                                    absl::StrJoin(engine->facts().policies, ", ")));
+    }
+    cfg.policy = *kind;
+  }
+  if (o.budget.has_value()) cfg.budget = *o.budget;
+  if (o.lookahead.has_value()) cfg.lookahead = *o.lookahead;
+  if (o.workspace.has_value()) cfg.workspace = *o.workspace;
+  if (o.window.has_value()) cfg.stage2_window = *o.window;
+  return cfg;
+}
+
+bool OpenAiServer::Impl::Admit(const httplib::Request& req, httplib::Response& res, Call* call) {
+  absl::StatusOr<Caller> caller = CallerFromHttp(req, config.tokens);
+  if (!caller.ok()) {
+    Reply(call, res, ToHttpError(caller.status()));
+    return false;
+  }
+  call->caller = *caller;
+  if (draining.load()) {
+    Reply(call, res, ToHttpError(absl::UnavailableError("the server is shutting down")));
+    return false;
+  }
+  return true;
+}
+
+bool OpenAiServer::Impl::PrepareSession(Call* call, ApiKind kind, const SessionRef& ref, InputSpec input,
+                                        const openai::EchokvOptions& options, std::string* session_id, bool* commit,
+                                        std::optional<InputSpec>* append, HttpError* error) {
+  if (ref.mode != SessionRef::Mode::kContinue) {
+    CreateRequest cr;
+    cr.caller = call->caller;
+    absl::StatusOr<compression::CompressionConfig> cfg = ConfigFrom(options);
+    if (!cfg.ok()) {
+      *error = EngineError(cfg.status(), kind, "");
+      return false;
+    }
+    cr.config = *cfg;
+    if (options.memory.has_value()) {
+      absl::StatusOr<MemoryMode> m = ParseMemoryMode(*options.memory);
+      if (!m.ok()) {
+        *error = InvalidParam("echokv.memory", absl::StrCat("echokv.memory: ", m.status().message()));
+        return false;
+      }
+      cr.memory = *m;
+    }
+    if (options.ttl_seconds.has_value()) cr.ttl = absl::Seconds(*options.ttl_seconds);
+    cr.input = std::move(input);
+    Result<SessionInfo> created;
+    engine->CreateSession(std::move(cr), nullptr, nullptr, created.Callback());
+    absl::StatusOr<SessionInfo> info = created.Wait();
+    if (!info.ok()) {
+      *error = EngineError(info.status(), kind, "");  // ttl_seconds: param echokv.ttl_seconds
+      return false;
+    }
+    *session_id = info->id;
+    *commit = ref.mode == SessionRef::Mode::kNew;
+    if (ref.mode == SessionRef::Mode::kStateless) call->temporary_session = info->id;
+    return true;
+  }
+
+  // Continue: the session must exist; chat appends only what it has not seen.
+  *session_id = ref.id;
+  *commit = true;
+  Result<SessionInfo> got;
+  engine->GetSession(call->caller, ref.id, got.Callback());
+  absl::StatusOr<SessionInfo> info = got.Wait();
+  if (!info.ok()) {
+    *error = EngineError(info.status(), kind, "");
+    if (info.status().code() == absl::StatusCode::kNotFound) error->code = "session_not_found";
+    return false;
+  }
+  bool has_input = true;
+  if (input.kind == InputSpec::Kind::kChat) {
+    const std::vector<model::ChatMessage>& stored = info->messages;
+    const std::vector<model::ChatMessage>& sent = input.chat;
+    // OpenAI clients send the whole conversation every time: the session's stored
+    // conversation must be its beginning.
+    for (size_t i = 0; i < stored.size(); ++i) {
+      if (i >= sent.size()) {
+        *error = ToHttpError(absl::FailedPreconditionError(absl::StrCat(
+            "messages: the session holds a conversation of ", stored.size(), " messages; the request sends ",
+            sent.size(), ". Send the whole conversation (the session's messages, then the new ones)")));
+        error->param = "messages";
+        error->code = "conversation_mismatch";
+        error->no_retry = true;  // the same request fails again (x-should-retry: false)
+        return false;
+      }
+      if (stored[i].role != sent[i].role || stored[i].content != sent[i].content) {
+        *error = ToHttpError(absl::FailedPreconditionError(absl::StrCat(
+            "messages[", i, "] (", sent[i].role, ") differs from message ", i, " of the session's conversation (",
+            stored[i].role, "); a session's conversation cannot be edited: send it unchanged, then the new "
+            "messages, or start a new session")));
+        error->param = absl::StrCat("messages[", i, "]");
+        error->code = "conversation_mismatch";
+        error->no_retry = true;  // the same request fails again (x-should-retry: false)
+        return false;
+      }
+    }
+    input.chat.erase(input.chat.begin(), input.chat.begin() + static_cast<std::ptrdiff_t>(stored.size()));
+    if (input.chat.empty()) {
+      if (!stored.empty() && stored.back().role == "assistant") {
+        *error = InvalidParam("messages", "messages: nothing new after the session's conversation, which ends with "
+                                          "the assistant's reply; add a user message");
+        return false;
+      }
+      has_input = false;  // e.g. a session created with the question and the generation prompt
+    }
+  } else if (input.kind == InputSpec::Kind::kText) {
+    has_input = !input.text.empty();  // "" continues generating where the session ends
+  }
+  if (has_input) *append = std::move(input);
+  return true;
+}
+
+void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response& res, ApiKind kind,
+                                  const GenerationRequest& gen, InputSpec input, std::shared_ptr<Call> call) {
+  HttpError err;
+  if (!CheckModel(gen.model, &err)) return Reply(call.get(), res, err);
+  SessionRef ref;
+  if (!openai::ResolveSession(gen.session_id, req.get_header_value(kSessionHeader), &ref, &err)) {
+    return Reply(call.get(), res, err);
+  }
+  const ServerFacts& facts = engine->facts();
+  if (gen.max_tokens.has_value() && *gen.max_tokens > facts.limits.max_new_tokens) {
+    return Reply(call.get(), res,
+                 InvalidParam(gen.max_tokens_param,
+                                      absl::StrCat(gen.max_tokens_param, ": must be at most ",
+                                                   facts.limits.max_new_tokens, " (the server's max_new_tokens), not ",
+                                                   *gen.max_tokens)));
+  }
+  if (slots.acquire) {
+    if (absl::Status s = slots.acquire(call->caller.tenant); !s.ok()) {
+      return Reply(call.get(), res, ToHttpError(s));
+    }
+    call->slot = true;
+  }
+
+  std::string session_id;
+  bool commit = false;
+  std::optional<InputSpec> append;
+  if (!PrepareSession(call.get(), kind, ref, std::move(input), gen.echokv, &session_id, &commit, &append, &err)) {
+    return Reply(call.get(), res, err);
+  }
+  const bool keep = ref.mode != SessionRef::Mode::kStateless;
+  // A request is one unit: a continued session changes only when it succeeds (its input
+  // is appended with the reply, GenerateParams::input); a session it created is deleted
+  // again when the generation is refused, fails or the client leaves.
+  const bool created = ref.mode == SessionRef::Mode::kNew;
+  auto undo = [call, created, session_id, &res] {
+    if (!created) return;
+    call->temporary_session = session_id;
+    res.headers.erase(kSessionHeader);
+  };
+  // An error before the first token (the input's append runs in the engine now).
+  auto refused = [kind](const absl::Status& s, const std::string& max_param) {
+    HttpError e = EngineError(s, kind, max_param);
+    if (s.code() == absl::StatusCode::kNotFound) e.code = "session_not_found";
+    return e;
+  };
+
+  GenerateParams p;
+  p.caller = call->caller;
+  p.session_id = session_id;
+  p.commit = commit;
+  p.sampling = gen.sampling;
+  p.sampling.seed = gen.seed.has_value() ? *gen.seed : RandomSeed();
+  p.stop = gen.stop;
+  p.stop_ids = gen.stop_token_ids;
+  p.ignore_eos = gen.ignore_eos;
+  p.input = std::move(append);
+  if (gen.max_tokens.has_value()) {
+    p.max_tokens = *gen.max_tokens;
+  } else {
+    // OpenAI: chat runs until the model stops (here: max_new_tokens, and the room the
+    // context has left: the engine fits it); legacy completions default to 16 tokens.
+    p.max_tokens = kind == ApiKind::kChat ? facts.limits.max_new_tokens : std::min(16, facts.limits.max_new_tokens);
+    p.fit_max_tokens = true;
+  }
+
+  ResponseBuilder builder(kind, openai::NewResponseId(kind), absl::ToUnixSeconds(absl::Now()), model_name,
+                          tokens.get());
+  builder.set_logprobs(gen.sampling.logprobs);
+  builder.set_include_usage(gen.include_usage);
+  if (keep) {
+    builder.set_session_id(session_id);
+    res.set_header(kSessionHeader, session_id);
+  }
+
+  auto generation = std::make_shared<Generation>(engine, facts.limits.max_stream_backlog);
+  engine->Generate(std::move(p), generation->cancel(), generation->Sink(gen.stream), generation->Done());
+  const std::string max_param = gen.max_tokens_param;
+
+  if (!gen.stream) {
+    std::vector<GenerateDelta> deltas;
+    absl::StatusOr<GenerateSummary> r = generation->WaitEnd(&deltas);
+    if (!r.ok()) {
+      undo();
+      return Reply(call.get(), res, refused(r.status(), max_param));
+    }
+    std::string text;
+    std::vector<model::SampledToken> logprobs;
+    for (GenerateDelta& d : deltas) {
+      text += d.text;
+      for (model::SampledToken& t : d.logprobs) logprobs.push_back(std::move(t));
+    }
+    res.status = 200;
+    res.set_content(builder.Full(text, logprobs, r->reason, {r->prompt_tokens, r->generated_tokens}), kJson);
+    return;
+  }
+
+  // Streaming: errors that come before any token still get their HTTP status.
+  generation->WaitFirstEvent();
+  if (generation->EndedEmpty()) {
+    absl::StatusOr<GenerateSummary> r = generation->result();
+    if (!r.ok()) {
+      undo();
+      return Reply(call.get(), res, refused(r.status(), max_param));
+    }
+  }
+  const std::string undo_id = created ? session_id : "";
+  struct StreamState {
+    ResponseBuilder builder;
+    bool first = true;
+    bool delivered = false;  // [DONE] was written
+  };
+  auto state = std::make_shared<StreamState>(StreamState{std::move(builder)});
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");  // proxies: do not buffer the events
+  const bool include_usage = gen.include_usage;
+  // "text/event-stream" exactly: httplib never compresses it (events flush at once).
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [generation, state, kind, max_param, include_usage, call, undo_id](size_t, httplib::DataSink& sink) -> bool {
+        std::string out;
+        if (state->first) {
+          state->first = false;
+          const std::string first = state->builder.FirstChunk();
+          if (!first.empty()) out = openai::SseEvent(first);
+        }
+        if (call->impl->stopping.load()) {
+          // Stop (SIGTERM): what is still queued for a slow reader is dropped; the stream
+          // ends with an explicit error event and [DONE], never a bare close.
+          generation->cancel()->store(true);
+          const HttpError e = ToHttpError(absl::UnavailableError("the server is shutting down; the stream ends here"));
+          call->status = e.status;
+          out += openai::SseEvent(HttpErrorJson(e));
+          out += std::string(openai::kSseDone);
+          if (!sink.write(out.data(), out.size())) return false;
+          state->delivered = true;
+          sink.done();
+          return true;
+        }
+        std::vector<GenerateDelta> deltas;
+        switch (generation->Take(kStreamPoll, &deltas)) {
+          case Generation::Next::kDeltas: {
+            for (const GenerateDelta& d : deltas) out += openai::SseEvent(state->builder.DeltaChunk(d));
+            const bool ok = sink.write(out.data(), out.size());
+            generation->Written();
+            return ok;  // false: the client is gone (the releaser cancels)
+          }
+          case Generation::Next::kEnd: {
+            absl::StatusOr<GenerateSummary> r = generation->result();
+            if (r.ok()) {
+              out += openai::SseEvent(state->builder.FinishChunk(r->reason));
+              if (include_usage) {
+                out += openai::SseEvent(state->builder.UsageChunk({r->prompt_tokens, r->generated_tokens}));
+              }
+            } else {
+              const HttpError e = EngineError(r.status(), kind, max_param);
+              call->status = e.status;
+              if (!undo_id.empty()) call->temporary_session = undo_id;  // the request failed: no session
+              out += openai::SseEvent(HttpErrorJson(e));
+            }
+            out += std::string(openai::kSseDone);
+            if (!sink.write(out.data(), out.size())) return false;
+            state->delivered = true;
+            sink.done();
+            return true;
+          }
+          case Generation::Next::kIdle:
+            if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+            return sink.is_writable();  // a closed connection ends the stream
+        }
+        return false;
+      },
+      [generation, state, call, undo_id](bool) {
+        if (!state->delivered) {
+          // The client left (or the server is stopping): stop the generation; a
+          // commit is rolled back by the engine (with a continued session's input),
+          // a session the request created is deleted.
+          generation->cancel()->store(true);
+          if (call->status == 200) call->status = 499;
+          if (!undo_id.empty()) call->temporary_session = undo_id;
+        }
+        (void)generation->WaitEnd();  // before `call` deletes a temporary session
+      });
+}
+
+void OpenAiServer::Impl::HandleChat(const httplib::Request& req, httplib::Response& res) {
+  auto call = std::make_shared<Call>(this, "/v1/chat/completions");
+  if (!Admit(req, res, call.get())) return;
+  openai::ChatRequest cr;
+  HttpError err;
+  if (!openai::ParseChatRequest(req.body, &cr, &err, engine->facts().limits.max_new_tokens)) {
+    return Reply(call.get(), res, err);
+  }
+  InputSpec input;
+  input.kind = InputSpec::Kind::kChat;
+  input.chat = std::move(cr.messages);
+  input.add_generation_prompt = cr.add_generation_prompt;
+  Complete(req, res, ApiKind::kChat, cr.gen, std::move(input), std::move(call));
+}
+
+void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Response& res) {
+  auto call = std::make_shared<Call>(this, "/v1/completions");
+  if (!Admit(req, res, call.get())) return;
+  openai::CompletionRequest cr;
+  HttpError err;
+  if (!openai::ParseCompletionRequest(req.body, &cr, &err, engine->facts().limits.max_new_tokens)) {
+    return Reply(call.get(), res, err);
+  }
+  if (cr.prompts.size() > 1) return CompleteMany(req, res, std::move(cr), std::move(call));
+  InputSpec input;
+  if (cr.token_prompt) {
+    input.kind = InputSpec::Kind::kTokens;
+    input.tokens = std::move(cr.tokens);
+  } else {
+    input.kind = InputSpec::Kind::kText;
+    input.text = std::move(cr.text);
+  }
+  Complete(req, res, ApiKind::kCompletion, cr.gen, std::move(input), std::move(call));
+}
+
+namespace {
+
+InputSpec InputOf(const openai::CompletionPrompt& prompt) {
+  InputSpec input;
+  if (prompt.tokens) {
+    input.kind = InputSpec::Kind::kTokens;
+    input.tokens = prompt.ids;
+  } else {
+    input.kind = InputSpec::Kind::kText;
+    input.text = prompt.text;
+  }
+  return input;
+}
+
+void CopyReply(const httplib::Response& from, httplib::Response& to) {
+  to.status = from.status;
+  for (const auto& [name, value] : from.headers) to.set_header(name, value);
+  to.body = from.body;
+}
+
+}  // namespace
+
+void OpenAiServer::Impl::CompleteMany(const httplib::Request& req, httplib::Response& res,
+                                      openai::CompletionRequest cr, std::shared_ptr<Call> call) {
+  const size_t n = cr.prompts.size();
+  if (!cr.gen.session_id.empty() || !req.get_header_value(kSessionHeader).empty()) {
+    return Reply(call.get(), res,
+                 InvalidParam("prompt", absl::StrCat("prompt: a session continues one text: send one prompt with "
+                                                     "session_id, not ", n),
+                              "unsupported_value"));
+  }
+  // One prompt through Complete on a Call of its own (no metrics of its own: the
+  // outer call counts the request); it inherits the caller and takes its own slot.
+  auto run = [this, &req, call](const openai::CompletionRequest& r, size_t i, httplib::Response* out) {
+    auto inner = std::make_shared<Call>(this, nullptr);
+    inner->caller = call->caller;
+    Complete(req, *out, ApiKind::kCompletion, r.gen, InputOf(r.prompts[i]), std::move(inner));
+  };
+  if (!cr.gen.stream) {
+    nlohmann::ordered_json whole;
+    nlohmann::ordered_json choices = nlohmann::ordered_json::array();
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+    for (size_t i = 0; i < n; ++i) {
+      httplib::Response one;
+      run(cr, i, &one);
+      if (one.status != 200) {
+        call->status = one.status;
+        return CopyReply(one, res);
+      }
+      nlohmann::ordered_json j = nlohmann::ordered_json::parse(one.body);
+      for (auto& c : j["choices"]) {
+        c["index"] = i;
+        choices.push_back(std::move(c));
+      }
+      prompt_tokens += j["usage"]["prompt_tokens"].get<int64_t>();
+      completion_tokens += j["usage"]["completion_tokens"].get<int64_t>();
+      if (i == 0) whole = std::move(j);
+    }
+    whole["choices"] = std::move(choices);
+    whole["usage"] = {{"prompt_tokens", prompt_tokens},
+                      {"completion_tokens", completion_tokens},
+                      {"total_tokens", prompt_tokens + completion_tokens}};
+    res.status = 200;
+    res.set_content(openai::Dump(whole), kJson);
+    return;
+  }
+  // Streaming: prompt i's events (index i) follow prompt i-1's; one [DONE] at the end.
+  struct Many {
+    openai::CompletionRequest cr;
+    size_t i = 0;
+    std::unique_ptr<httplib::Response> inner;  // prompt i's response (its stream)
+    std::string id;                             // the first chunk's id, used by all
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+    bool failed = false;                        // an error event was passed on
+  };
+  auto st = std::make_shared<Many>();
+  st->cr = std::move(cr);
+  st->inner = std::make_unique<httplib::Response>();
+  run(st->cr, 0, st->inner.get());
+  if (st->inner->status != 200 || !st->inner->content_provider_) {
+    call->status = st->inner->status;
+    return CopyReply(*st->inner, res);
+  }
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  // Rewrites prompt i's events: index i, one id; its usage chunk and [DONE] are kept back.
+  auto rewrite = [st](absl::string_view events) {
+    std::string out;
+    for (absl::string_view ev : absl::StrSplit(events, "\n\n", absl::SkipEmpty())) {
+      if (!absl::ConsumePrefix(&ev, "data: ") || ev == "[DONE]") continue;
+      nlohmann::ordered_json j = nlohmann::ordered_json::parse(ev, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) continue;
+      if (j.contains("error")) {
+        st->failed = true;
+      } else if (j.contains("choices") && j["choices"].empty()) {  // include_usage's chunk
+        st->prompt_tokens += j["usage"]["prompt_tokens"].get<int64_t>();
+        st->completion_tokens += j["usage"]["completion_tokens"].get<int64_t>();
+        continue;
+      } else {
+        if (st->id.empty()) st->id = j["id"].get<std::string>();
+        j["id"] = st->id;
+        for (auto& c : j["choices"]) c["index"] = st->i;
+      }
+      out += openai::SseEvent(openai::Dump(j));
+    }
+    return out;
+  };
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, st, rewrite, run, call](size_t, httplib::DataSink& sink) -> bool {
+        bool inner_done = false, write_ok = true;
+        httplib::DataSink inner;
+        inner.write = [&](const char* d, size_t l) {
+          const std::string out = rewrite(absl::string_view(d, l));
+          if (!out.empty()) write_ok = sink.write(out.data(), out.size());
+          return write_ok;
+        };
+        inner.done = [&] { inner_done = true; };
+        inner.is_writable = [&] { return sink.is_writable(); };
+        if (!st->inner->content_provider_(0, 0, inner) || !write_ok) return false;
+        if (!inner_done) return true;
+        st->inner->content_provider_success_ = true;
+        st->inner.reset();  // its releaser waits for its generation; its Call ends
+        std::string out;
+        if (!st->failed && ++st->i < st->cr.prompts.size()) {
+          st->inner = std::make_unique<httplib::Response>();
+          run(st->cr, st->i, st->inner.get());
+          if (st->inner->status == 200 && st->inner->content_provider_) return true;
+          call->status = st->inner->status;
+          out = openai::SseEvent(st->inner->body);  // the error object, as a stream's error event
+          st->inner.reset();
+        } else if (!st->failed && st->cr.gen.include_usage) {
+          nlohmann::ordered_json u{{"id", st->id}, {"object", "text_completion"}, {"created", absl::ToUnixSeconds(absl::Now())},
+                                   {"model", model_name}, {"choices", nlohmann::ordered_json::array()},
+                                   {"usage", {{"prompt_tokens", st->prompt_tokens},
+                                              {"completion_tokens", st->completion_tokens},
+                                              {"total_tokens", st->prompt_tokens + st->completion_tokens}}}};
+          out = openai::SseEvent(openai::Dump(u));
+        }
+        out += std::string(openai::kSseDone);
+        if (!sink.write(out.data(), out.size())) return false;
+        sink.done();
+        return true;
+      },
+      [st](bool) { st->inner.reset(); });  // a prompt not finished: its releaser cancels it
+}
+
+std::optional<HttpEarlyReply> OpenAiServer::Impl::Gate(const HttpRequestHead& head) const {
+  auto early = [](const HttpError& e) {
+    HttpEarlyReply r;
+    r.status = e.status;
+    r.content_type = kJson;
+    r.body = HttpErrorJson(e);
+    r.headers = HttpErrorHeaders(e);
+    return r;
+  };
+  if (head.path == "/health") {
+    if (head.method != "GET" && head.method != "HEAD") {  // answered here: no body is read for it
+      HttpError e;
+      e.status = 405;
+      e.type = "invalid_request_error";
+      e.code = "method_not_allowed";
+      e.message = absl::StrCat(EchoPrefix(head.method), " is not allowed on /health; use GET");
+      HttpEarlyReply r = early(e);
+      r.headers.emplace_back("Allow", "GET");
+      return r;
+    }
+    if (head.content_length <= 0 && !head.chunked) return std::nullopt;
+    HttpError e = InvalidParam("", "GET /health takes no request body", "bad_request");
+    e.param.clear();
+    return early(e);
+  }
+  if (config.tokens != nullptr) {
+    if (absl::StatusOr<Caller> who = CallerFromHead(head, config.tokens); !who.ok()) {
+      HttpEarlyReply r = early(ToHttpError(who.status()));
+      r.headers.emplace_back("WWW-Authenticate", "Bearer");
+      if (metrics != nullptr) {
+        const bool known = head.path == "/v1/chat/completions" || head.path == "/v1/completions" ||
+                           head.path == "/v1/models" || absl::StartsWith(head.path, "/v1/models/");
+        metrics->OnHttpRequest(known ? (absl::StartsWith(head.path, "/v1/models") ? "/v1/models" : head.path) : "other",
+                               401);
+      }
+      return r;
+    }
+  }
+  if (head.content_length > config.http.max_body_bytes) {
+    HttpError e;
+    e.status = 413;
+    e.type = "invalid_request_error";
+    e.code = "request_too_large";
+    e.message = absl::StrCat("the request body exceeds ", config.http.max_body_bytes, " bytes (--http_max_body_bytes)");
+    return early(e);
+  }
+  return std::nullopt;
+}
+
+void OpenAiServer::Impl::Routes(httplib::Server& s) {
+  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { HandleChat(req, res); });
+  s.Post("/v1/completions",
+         [this](const httplib::Request& req, httplib::Response& res) { HandleCompletion(req, res); });
+  s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    if (absl::StatusOr<Caller> caller = CallerFromHttp(req, config.tokens); !caller.ok()) {
+      Reply(nullptr, res, ToHttpError(caller.status()));
+      if (metrics != nullptr) metrics->OnHttpRequest("/v1/models", res.status);
+      return;
+    }
+    nlohmann::ordered_json body{{"object", "list"}, {"data", nlohmann::ordered_json::array({ModelJson()})}};
+    res.set_content(openai::Dump(body), kJson);
+    if (metrics != nullptr) metrics->OnHttpRequest("/v1/models", 200);
+  });
+  s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    HttpError e;
+    if (absl::StatusOr<Caller> caller = CallerFromHttp(req, config.tokens); !caller.ok()) {
+      Reply(nullptr, res, ToHttpError(caller.status()));
+    } else if (!CheckModel(id, &e)) {
+      Reply(nullptr, res, e);
+    } else {
+      res.set_content(openai::Dump(ModelJson()), kJson);
+    }
+    if (metrics != nullptr) metrics->OnHttpRequest("/v1/models", res.status < 0 ? 200 : res.status);
+  });
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const EngineHealth h = engine->Health();
+    const char* status = draining.load()     ? "draining"
+                         : h.serving          ? "ok"
+                         : !h.state_writable  ? "state_unwritable"
+                                              : "stuck";
+    res.status = std::string(status) == "ok" ? 200 : 503;
+    res.set_content(openai::Dump(nlohmann::ordered_json{{"status", status}}), kJson);
+  });
+  // httplib's own errors (no route, body too large, malformed HTTP) get OpenAI's shape.
+  const int64_t max_body = config.http.max_body_bytes;
+  s.set_error_handler(httplib::Server::HandlerWithResponse([this, max_body](const httplib::Request& req,
+                                                                            httplib::Response& res) {
+    if (!res.body.empty() || res.content_provider_) return httplib::Server::HandlerResponse::Unhandled;
+    HttpError e;
+    e.status = res.status;
+    e.type = "invalid_request_error";
+    switch (res.status) {
+      case 404: {
+        // A known path with another method: 405 and the methods it has.
+        const std::string allow =
+            req.path == "/v1/chat/completions" || req.path == "/v1/completions" ? "POST"
+            : req.path == "/v1/models" || absl::StartsWith(req.path, "/v1/models/") || req.path == "/health"
+                ? "GET"
+                : "";
+        if (!allow.empty()) {
+          res.status = e.status = 405;
+          e.code = "method_not_allowed";
+          e.message = absl::StrCat(EchoPrefix(req.method), " is not allowed on ", req.path, "; use ", allow);
+          res.set_header("Allow", allow);
+          break;
+        }
+        e.code = "not_found";
+        e.message = absl::StrCat("no route for ", EchoPrefix(req.method), " ", EchoPrefix(req.path),
+                                 " (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health)");
+        break;
+      }
+      case 413:
+        e.code = "request_too_large";
+        e.message = absl::StrCat("the request body exceeds ", max_body, " bytes (--http_max_body_bytes)");
+        break;
+      default:
+        e.code = "bad_request";
+        e.message = absl::StrCat("HTTP ", res.status, ": the request could not be read");
+        if (res.status >= 500) e.type = "server_error";
+        break;
+    }
+    res.set_content(HttpErrorJson(e), kJson);
+    if (metrics != nullptr) metrics->OnHttpRequest("other", res.status);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    res.status = 500;
+    res.set_content(HttpErrorJson(ToHttpError(absl::InternalError(absl::StrCat("internal error: ", what)))), kJson);
+  });
+}
+
+OpenAiServer::OpenAiServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+OpenAiServer::~OpenAiServer() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Engine* engine, Metrics* metrics,
+                                                                  const OpenAiConfig& config, DoorSlots slots) {
+  if (engine == nullptr) return absl::InvalidArgumentError("OpenAiServer: an engine is required");
+  if (static_cast<bool>(slots.acquire) != static_cast<bool>(slots.release)) {
+    return absl::InvalidArgumentError("OpenAiServer: DoorSlots needs both acquire and release, or neither");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->engine = engine;
+  impl->metrics = metrics;
+  impl->config = config;
+  impl->slots = std::move(slots);
+  impl->model_name = config.model_name.empty() ? engine->facts().model_name : config.model_name;
+  impl->created = absl::ToUnixSeconds(absl::Now());
+  impl->tokens = std::make_unique<openai::TokenTable>(engine->tokenizer());
+  Impl* raw = impl.get();
+  HttpOptions http = config.http;
+  http.gate = [raw](const HttpRequestHead& head) { return raw->Gate(head); };
+  absl::StatusOr<std::unique_ptr<HttpListener>> listener =
+      HttpListener::Start(config.host, config.port, http, [raw](httplib::Server& s) { raw->Routes(s); });
+  if (!listener.ok()) {
+    return absl::Status(listener.status().code(), absl::StrCat("http: ", listener.status().message()));
+  }
+  impl->listener = std::move(*listener);
+  return std::unique_ptr<OpenAiServer>(new OpenAiServer(std::move(impl)));
+}
+
+int OpenAiServer::port() const { return impl_->listener->port(); }
+const std::string& OpenAiServer::model_name() const { return impl_->model_name; }
+void OpenAiServer::Drain() { impl_->draining.store(true); }
+int OpenAiServer::in_flight() const { return impl_->in_flight.load(); }
+
+void OpenAiServer::Stop() {
+  impl_->draining.store(true);
+  impl_->stopping.store(true);  // streams still open end with an error event and [DONE]
+  if (impl_->listener != nullptr) impl_->listener->Stop();
+}
+
+}  // namespace echokv::server
