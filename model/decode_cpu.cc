@@ -225,13 +225,17 @@ void EmbedRow(const WeightMatrix& embed, int64_t token, float* x) {
 void NativeMatMul(const WeightMatrix& w, const float* x, int64_t n, const float* bias, float* y, bool may_split) {
   const kernels::BlockMatrix& m = w.blocks;
   const int64_t nb = m.cols / kernels::kBlockValues;
-  // The inputs' int8 blocks, this thread's scratch (reused across products).
+  // The inputs' int8 blocks, this thread's scratch (reused across products); F16 / BF16
+  // rows take the float32 inputs as they are.
   thread_local std::vector<int8_t> q;
   thread_local std::vector<float> ds;
-  if (static_cast<int64_t>(q.size()) < n * m.cols) q.resize(n * m.cols);
-  if (static_cast<int64_t>(ds.size()) < 2 * n * nb) ds.resize(2 * n * nb);
-  kernels::QuantizeActs(x, n, m.cols, q.data(), ds.data(), ds.data() + n * nb);
-  const kernels::QuantizedActs acts{q.data(), ds.data(), ds.data() + n * nb};
+  kernels::QuantizedActs acts{nullptr, nullptr, nullptr, x};
+  if (!kernels::TakesFloatInputs(m.type)) {
+    if (static_cast<int64_t>(q.size()) < n * m.cols) q.resize(n * m.cols);
+    if (static_cast<int64_t>(ds.size()) < 2 * n * nb) ds.resize(2 * n * nb);
+    kernels::QuantizeActs(x, n, m.cols, q.data(), ds.data(), ds.data() + n * nb);
+    acts = kernels::QuantizedActs{q.data(), ds.data(), ds.data() + n * nb, x};
+  }
   const int64_t work = n * m.rows * m.cols;
   if (!may_split || work < kMinParallelWork) return kernels::BlockMatMulRows(m, acts, bias, n, y, 0, m.rows);
   const int64_t block = kernels::BlockMatMulRowsBlock();

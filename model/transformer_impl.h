@@ -96,7 +96,8 @@ struct WeightMatrix {
 };
 
 // y [n, w.rows] = x [n, w.cols] W^T (+ bias) on native weights (decode_cpu.cc): the
-// inputs quantized once (kernels::QuantizeActs), then the rows in blocks, split over the
+// inputs quantized once (kernels::QuantizeActs; not for F16 / BF16 rows, which take the
+// float32 inputs), then the rows in blocks, split over the
 // OpenMP pool when `may_split` and the work is large enough. Every output's bits are
 // independent of n and of the split (kernels/block_matmul.h).
 void NativeMatMul(const WeightMatrix& w, const float* x, int64_t n, const float* bias, float* y, bool may_split);

@@ -242,7 +242,7 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
         const std::vector<int64_t>* shape = weights.Shape(name);
         blocks = blocks && id >= 0 && kernels::BlockTypeFromGgml(static_cast<uint32_t>(id), &t) &&
                  shape->size() == 2 && (name == names[0] || t == type) && (cols < 0 || (*shape)[1] == cols) &&
-                 (*shape)[1] % kernels::kBlockValues == 0;
+                 (*shape)[1] % kernels::BlockValuesOf(t) == 0;
         if (!blocks) break;
         type = t;
         rows += (*shape)[0];
@@ -285,7 +285,7 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
         kernels::BlockType bt{};
         const int id = weights.StoredGgmlType(t.name);
         if (id < 0 || !kernels::BlockTypeFromGgml(static_cast<uint32_t>(id), &bt) || t.shape.size() != 2 ||
-            t.shape[1] % kernels::kBlockValues != 0) {
+            t.shape[1] % kernels::BlockValuesOf(bt) != 0) {
           continue;
         }
         arena_size += (kernels::BlockMatrix{bt, nullptr, t.shape[0], t.shape[1]}.Bytes() + 63) / 64 * 64;
