@@ -46,6 +46,13 @@ inline void Unpack(const uint8_t* b, int32_t* v, float* d, float* m) {
   *d = Half(b);
   if constexpr (T == BlockType::kQ8_0) {
     for (int j = 0; j < 32; ++j) v[j] = static_cast<int8_t>(b[2 + j]);
+  } else if constexpr (T == BlockType::kQ5_0) {
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    for (int j = 0; j < 16; ++j) {
+      v[j] = static_cast<int32_t>((b[6 + j] & 15) | (((qh >> j) & 1) << 4)) - 16;
+      v[16 + j] = static_cast<int32_t>((b[6 + j] >> 4) | (((qh >> (16 + j)) & 1) << 4)) - 16;
+    }
   } else {
     const uint8_t* qs = b + (T == BlockType::kQ4_1 ? 4 : 2);
     const int32_t off = T == BlockType::kQ4_0 ? 8 : 0;
@@ -277,6 +284,8 @@ int64_t BlockBytes(BlockType type) {
       return 20;
     case BlockType::kQ8_0:
       return 34;
+    case BlockType::kQ5_0:
+      return 22;
     case BlockType::kF16:
     case BlockType::kBF16:
       return 64;
@@ -302,6 +311,8 @@ const char* BlockTypeName(BlockType type) {
       return "Q4_1";
     case BlockType::kQ8_0:
       return "Q8_0";
+    case BlockType::kQ5_0:
+      return "Q5_0";
     case BlockType::kF16:
       return "F16";
     case BlockType::kBF16:
@@ -324,6 +335,9 @@ bool BlockTypeFromGgml(uint32_t ggml_id, BlockType* type) {
       return true;
     case 8:
       *type = BlockType::kQ8_0;
+      return true;
+    case 6:
+      *type = BlockType::kQ5_0;
       return true;
     case 1:
       *type = BlockType::kF16;
@@ -410,6 +424,10 @@ void DequantizeBlockRowsScalar(const BlockMatrix& w, int64_t row_begin, int64_t 
           break;
         case BlockType::kQ8_0:
           Unpack<BlockType::kQ8_0>(blk, v, &dw, &mw);
+          for (int j = 0; j < 32; ++j) o[j] = dw * static_cast<float>(v[j]);
+          break;
+        case BlockType::kQ5_0:
+          Unpack<BlockType::kQ5_0>(blk, v, &dw, &mw);
           for (int j = 0; j < 32; ++j) o[j] = dw * static_cast<float>(v[j]);
           break;
       }

@@ -1,5 +1,6 @@
 // The decode products on weights kept in their stored form: GGUF's quantized blocks
-// (Q8_0, Q4_0, Q4_1: 32 weights per block with an fp16 scale, and Q4_1's fp16 minimum;
+// (Q8_0, Q4_0, Q4_1, Q5_0: 32 weights per block with an fp16 scale, and Q4_1's fp16
+// minimum;
 // the K-quants Q4_K and Q6_K: super-blocks of 256 weights with 8 / 16 sub-block scales;
 // and 16-bit F16 / BF16 rows) read as they are, no float32 copy. y = x W^T for n input rows x against W [rows, cols],
 // like kernels/matmul_rows.h, which stays the exact float32 path.
@@ -57,6 +58,8 @@ constexpr int64_t kSuperBlockValues = 256;
 //                     value 16 + j = d * ((q[j] >> 4) - 8)             18 bytes
 //   Q4_1 (id 3):      fp16 d, fp16 m, 16 bytes of nibbles: d * nibble + m  20 bytes
 //   Q8_0 (id 8):      fp16 d, 32 int8: d * q                           34 bytes
+//   Q5_0 (id 6):      fp16 d, 4 bytes qh (bit j: value j's 5th bit), 16 bytes of
+//                     nibbles as Q4_0's: d * ((nibble | bit << 4) - 16)  22 bytes
 //   F16 (id 1), BF16 (id 30): 32 16-bit values (counted as a block)   64 bytes
 //   Q4_K (id 12), 256 values: fp16 d, fp16 dmin, 12 bytes of 8 6-bit scales sc_s and
 //                     8 6-bit minimums m_s (s < 4: sc = b[s] & 63, m = b[s + 4] & 63;
@@ -70,7 +73,7 @@ constexpr int64_t kSuperBlockValues = 256;
 //                     or high nibble of ql[l + 32 (g & 1)] with bits 2g, 2g+1 of qh[l]
 //                     as bits 4-5; value i of the 256 is
 //                     (d * sc[i / 16]) * q                                    210 bytes
-enum class BlockType { kQ4_0, kQ4_1, kQ8_0, kF16, kBF16, kQ4_K, kQ6_K };
+enum class BlockType { kQ4_0, kQ4_1, kQ8_0, kF16, kBF16, kQ4_K, kQ6_K, kQ5_0 };
 
 // Bytes per block; values per block (32, or 256 for Q4_K / Q6_K); "Q4_0", ..., "BF16";
 // whether the type takes float32 inputs (F16, BF16: QuantizedActs::x) rather than int8.

@@ -35,6 +35,19 @@ inline void Unpack(const uint8_t* b, __m256i* u, __m256i* sgn, float* d, float* 
   if constexpr (T == BlockType::kQ8_0) {
     *sgn = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
     *u = _mm256_sign_epi8(*sgn, *sgn);
+  } else if constexpr (T == BlockType::kQ5_0) {
+    // Bit j of qh to byte j (0 or 16): byte j takes qh's byte j / 8, tests bit j % 8.
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(static_cast<int>(qh)),
+        _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6));
+    const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
+    *sgn = _mm256_sub_epi8(_mm256_or_si256(nib, high), _mm256_set1_epi8(16));
+    *u = _mm256_sign_epi8(*sgn, *sgn);
   } else {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (T == BlockType::kQ4_1 ? 4 : 2)));
     const __m256i nib =
@@ -310,6 +323,7 @@ void DequantizeBlockRowsAvx2(const BlockMatrix& w, int64_t r0, int64_t r1, float
       return WidenRowsAvx2<BlockType::kBF16>(w, r0, r1, out);
     case BlockType::kQ4_K:
     case BlockType::kQ6_K:
+    case BlockType::kQ5_0:
       return DequantizeBlockRowsScalar(w, r0, r1, out);  // prefill panels: not yet vectorized
   }
 }

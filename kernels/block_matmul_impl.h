@@ -119,6 +119,8 @@ inline void DriveAny(const BlockMatrix& w, const QuantizedActs& x, const float* 
       return DriveBlocks<K, BlockType::kQ4_1, RT, CT, RV>(w, x, bias, n, y, r0, r1);
     case BlockType::kQ8_0:
       return DriveBlocks<K, BlockType::kQ8_0, RT, CT, RV>(w, x, bias, n, y, r0, r1);
+    case BlockType::kQ5_0:
+      return DriveBlocks<K, BlockType::kQ5_0, RT, CT, RV>(w, x, bias, n, y, r0, r1);
     case BlockType::kF16:
       return DriveBlocks<K, BlockType::kF16, RT, CT, RV>(w, x, bias, n, y, r0, r1);
     case BlockType::kBF16:

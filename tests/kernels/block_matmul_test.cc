@@ -132,6 +132,17 @@ std::vector<uint8_t> RandomBlocks(BlockType type, int64_t rows, int64_t cols, ui
         }
         continue;
       }
+      if (type == BlockType::kQ5_0) {
+        uint32_t qh = 0;
+        for (int k = 0; k < 4; ++k) qh |= static_cast<uint32_t>(byte(rng)) << (8 * k);
+        std::memcpy(p + 2, &qh, 4);
+        for (int j = 0; j < 16; ++j) {
+          p[6 + j] = static_cast<uint8_t>(byte(rng));
+          out[j] = HalfValue(d) * (static_cast<int>((p[6 + j] & 15) | (((qh >> j) & 1) << 4)) - 16);
+          out[16 + j] = HalfValue(d) * (static_cast<int>((p[6 + j] >> 4) | (((qh >> (16 + j)) & 1) << 4)) - 16);
+        }
+        continue;
+      }
       double m = 0;
       if (type == BlockType::kQ4_1) {
         const uint16_t mh = RandomHalf(rng, 8, 14, byte(rng) & 1);
@@ -188,8 +199,8 @@ std::vector<std::string> SupportedIsas() {
   return isas;
 }
 
-const BlockType kTypes[] = {BlockType::kQ4_0, BlockType::kQ4_1, BlockType::kQ8_0, BlockType::kF16,
-                            BlockType::kBF16, BlockType::kQ4_K, BlockType::kQ6_K};
+const BlockType kTypes[] = {BlockType::kQ4_0, BlockType::kQ4_1, BlockType::kQ8_0, BlockType::kQ5_0,
+                            BlockType::kF16,  BlockType::kBF16, BlockType::kQ4_K, BlockType::kQ6_K};
 // The types whose builds give the same bits.
 const BlockType kSameBitsTypes[] = {BlockType::kF16, BlockType::kBF16, BlockType::kQ4_K, BlockType::kQ6_K};
 
@@ -288,7 +299,7 @@ INSTANTIATE_TEST_SUITE_P(Isas, BlockMatMulTest, ::testing::ValuesIn(SupportedIsa
 
 TEST(BlockMatMulIsas, Avx2AndScalarAgreeWithinTheFloat32Bound) {
   if (!SetBlockMatMulIsa("avx2")) GTEST_SKIP() << "no AVX2 on this CPU (the portable build is tested above)";
-  for (BlockType type : {BlockType::kQ4_0, BlockType::kQ4_1, BlockType::kQ8_0}) {
+  for (BlockType type : {BlockType::kQ4_0, BlockType::kQ4_1, BlockType::kQ8_0, BlockType::kQ5_0}) {
     const int64_t rows = 37, cols = 1536, n = 5;
     std::vector<double> w;
     const std::vector<uint8_t> bytes = RandomBlocks(type, rows, cols, 5, &w);
