@@ -91,6 +91,9 @@ struct BlockMatrix {
   const uint8_t* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
+  // BlockMatMulRows's output row stride: y[i * out_stride + r] (0 = rows). A matrix
+  // stacked from parts of different types runs each part with the whole one's rows.
+  int64_t out_stride = 0;
   int64_t RowBytes() const { return cols / BlockValuesOf(type) * BlockBytes(type); }
   int64_t Bytes() const { return rows * RowBytes(); }
 };
@@ -110,7 +113,7 @@ struct QuantizedActs {
 // d = 0 and q = 0. The same code and bits in every build.
 void QuantizeActs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, float* s);
 
-// y[i * w.rows + r] = dot(W[r, :], x_i) + (bias ? bias[r] : 0) for i < n, r in
+// y[i * w.rows + r] (out_stride if set) = dot(W[r, :], x_i) + (bias ? bias[r] : 0) for i < n, r in
 // [row_begin, row_end) (disjoint ranges may run on different threads), x as QuantizeActs
 // made it from the inputs.
 void BlockMatMulRows(const BlockMatrix& w, const QuantizedActs& x, const float* bias, int64_t n, float* y,

@@ -38,7 +38,7 @@ inline void Q4KScaleMin(const uint8_t* sc, int j, int* scale, int* min) {
 // and y shifted to (row, input).
 struct TileArgs {
   const uint8_t* w;
-  int64_t row_bytes, blocks, act_blocks, cols, rows;
+  int64_t row_bytes, blocks, act_blocks, cols, rows;  // rows: y's row stride
   const int8_t* q;
   const float* d;
   const float* s;
@@ -71,6 +71,7 @@ template <class K, BlockType T, int RT, int CT, int RV>
 inline void DriveBlocks(const BlockMatrix& w, const QuantizedActs& x, const float* bias, int64_t n, float* y,
                         int64_t r0, int64_t r1) {
   const int64_t rb = w.RowBytes(), nb = w.cols / BlockValuesOf(T), na = w.cols / kBlockValues;
+  const int64_t stride = w.out_stride > 0 ? w.out_stride : w.rows;  // y's row stride
   const bool floats = TakesFloatInputs(T);
   auto args = [&](int64_t r, int64_t i) {
     return TileArgs{w.data + r * rb,
@@ -78,13 +79,13 @@ inline void DriveBlocks(const BlockMatrix& w, const QuantizedActs& x, const floa
                     nb,
                     na,
                     w.cols,
-                    w.rows,
+                    stride,
                     floats ? nullptr : x.q + i * w.cols,
                     floats ? nullptr : x.d + i * na,
                     floats ? nullptr : x.s + i * na,
                     floats ? x.x + i * w.cols : nullptr,
                     bias ? bias + r : nullptr,
-                    y + i * w.rows + r};
+                    y + i * stride + r};
   };
   if (n == 1) {
     int64_t r = r0;

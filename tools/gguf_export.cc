@@ -272,6 +272,7 @@ absl::Status ExportGguf(const std::string& dir, const std::string& out_path, con
   ECHOKV_ASSIGN_OR_RETURN(uint32_t type, TypeId(options.type));
   ECHOKV_ASSIGN_OR_RETURN(uint32_t embed_type,
                           TypeId(options.embedding_type.empty() ? options.type : options.embedding_type));
+  ECHOKV_ASSIGN_OR_RETURN(uint32_t v_type, TypeId(options.v_type.empty() ? options.type : options.v_type));
   ECHOKV_ASSIGN_OR_RETURN(ModelConfig c, model::LoadModelConfig(dir));
   ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<model::Checkpoint> ckpt, model::Checkpoint::Open(dir));
   ECHOKV_RETURN_IF_ERROR(model::ValidateCheckpoint(*ckpt, c));
@@ -404,7 +405,7 @@ absl::Status ExportGguf(const std::string& dir, const std::string& out_path, con
     ECHOKV_RETURN_IF_ERROR(put(g + "attn_norm.weight", h + "input_layernorm.weight", f32, 0));
     ECHOKV_RETURN_IF_ERROR(put(g + "attn_q.weight", h + "self_attn.q_proj.weight", type, permute ? c.num_heads : 0));
     ECHOKV_RETURN_IF_ERROR(put(g + "attn_k.weight", h + "self_attn.k_proj.weight", type, permute ? c.num_kv_heads : 0));
-    ECHOKV_RETURN_IF_ERROR(put(g + "attn_v.weight", h + "self_attn.v_proj.weight", type, 0));
+    ECHOKV_RETURN_IF_ERROR(put(g + "attn_v.weight", h + "self_attn.v_proj.weight", v_type, 0));
     if (c.qkv_bias) {
       ECHOKV_RETURN_IF_ERROR(put(g + "attn_q.bias", h + "self_attn.q_proj.bias", f32, permute ? c.num_heads : 0));
       ECHOKV_RETURN_IF_ERROR(put(g + "attn_k.bias", h + "self_attn.k_proj.bias", f32, permute ? c.num_kv_heads : 0));

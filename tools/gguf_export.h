@@ -31,6 +31,9 @@ struct GgufExportOptions {
   std::string type = "f32";
   // Embedding matrix storage when it differs from `type` ("" = same).
   std::string embedding_type;
+  // attn_v storage when it differs from `type` ("" = same): a fused q/k/v of mixed types,
+  // as llama-quantize's Q4_K_M writes some layers.
+  std::string v_type;
 };
 
 absl::Status ExportGguf(const std::string& model_dir, const std::string& out_path, const GgufExportOptions& options);

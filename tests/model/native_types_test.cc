@@ -1,5 +1,6 @@
 // --weights native on the newer stored types (F16, BF16, Q4_K, Q6_K; Q4_K with a Q6_K
-// embedding / LM head, as llama-quantize's Q4_K_M mixes them) on a tiny random llama made
+// embedding; a fused q/k/v whose attn_v is another type: Q4_K + Q8_0, F16 + Q6_K, kept
+// as parts, as llama-quantize's Q4_K_M mixes them) on a tiny random llama made
 // by echokv-make-test-model (hidden 256, so the K-quants' rows are whole super-blocks)
 // and written as GGUF by tools/gguf_export.h, against the float32 path on the same file:
 //   - the native matrices hold the stored bytes (DecodeWeightBytes: F16 / BF16 2x fewer
@@ -45,11 +46,15 @@ int Top1(const at::Tensor& logits) {
 struct Case {
   const char* type;
   const char* embedding;  // "" = type
+  const char* v_type;     // attn_v's type, "" = type (a fused q/k/v of two types)
   double min_shrink;      // float32 decode bytes / native decode bytes
   double max_kl_mean, max_kl, min_top1;
 };
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.type << " (embedding " << (*c.embedding ? c.embedding : c.type) << ")"; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.type << " (embedding " << (*c.embedding ? c.embedding : c.type) << ", v " << (*c.v_type ? c.v_type : c.type)
+      << ")";
+}
 
 class NativeTypesTest : public ::testing::TestWithParam<Case> {};
 
@@ -69,6 +74,7 @@ TEST_P(NativeTypesTest, DecodesCloseToFloat32OnTheSameFile) {
   tools::GgufExportOptions e;
   e.type = c.type;
   e.embedding_type = c.embedding;
+  e.v_type = c.v_type;
   const std::string path = root + "/model.gguf";
   ASSERT_OK(tools::ExportGguf(o.out_dir, path, e));
 
@@ -109,8 +115,8 @@ TEST_P(NativeTypesTest, DecodesCloseToFloat32OnTheSameFile) {
     }
   }
   const double top1 = static_cast<double>(agree) / positions, kl_mean = kl_sum / positions;
-  std::printf("%s (embedding %s): decode bytes %.2fx fewer; over %d positions top-1 %.3f, KL mean %.2e max %.2e\n",
-              c.type, *c.embedding ? c.embedding : c.type, shrink, positions, top1, kl_mean, kl_max);
+  std::printf("%s (embedding %s, v %s): decode bytes %.2fx fewer; over %d positions top-1 %.3f, KL mean %.2e max %.2e\n",
+              c.type, *c.embedding ? c.embedding : c.type, *c.v_type ? c.v_type : c.type, shrink, positions, top1, kl_mean, kl_max);
   EXPECT_GE(top1, c.min_top1);
   EXPECT_LE(kl_mean, c.max_kl_mean);
   EXPECT_LE(kl_max, c.max_kl);
@@ -128,13 +134,16 @@ TEST_P(NativeTypesTest, DecodesCloseToFloat32OnTheSameFile) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, NativeTypesTest,
-                         ::testing::Values(Case{"f16", "", 1.9, 1e-10, 1e-9, 1.0}, Case{"bf16", "", 1.9, 1e-10, 1e-9, 1.0},
-                                           Case{"q6_k", "", 4.5, 1e-4, 2e-4, 0.97},
-                                           Case{"q4_k", "", 6.5, 1e-4, 2e-4, 0.97},
-                                           Case{"q4_k", "q6_k", 6.5, 1e-4, 2e-4, 0.97}),
+                         ::testing::Values(Case{"f16", "", "", 1.9, 1e-10, 1e-9, 1.0},
+                                           Case{"bf16", "", "", 1.9, 1e-10, 1e-9, 1.0},
+                                           Case{"q6_k", "", "", 4.5, 1e-4, 2e-4, 0.97},
+                                           Case{"q4_k", "", "", 6.5, 1e-4, 2e-4, 0.97},
+                                           Case{"q4_k", "q6_k", "", 6.5, 1e-4, 2e-4, 0.97},
+                                           Case{"q4_k", "", "q8_0", 6.0, 1e-4, 2e-4, 0.97},
+                                           Case{"f16", "", "q6_k", 1.9, 1e-4, 2e-4, 0.97}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return std::string(info.param.type) + (*info.param.embedding ? "_emb_" : "") +
-                                  info.param.embedding;
+                                  info.param.embedding + (*info.param.v_type ? "_v_" : "") + info.param.v_type;
                          });
 
 }  // namespace
