@@ -20,11 +20,11 @@
 // all inputs: register tiles of several weight rows x several inputs, the block's
 // nibbles unpacked once per tile. Two builds: AVX2 (+FMA, F16C: _mm256_maddubs_epi16 /
 // _mm256_madd_epi16 integer dots, as ggml's q8 x q4 products do) and a portable one
-// (exact integer block sums); they differ only in float32 summation order, within the
-// bound above. ECHOKV_MATMUL_ISA=avx2|scalar forces one (as matmul_rows.h; avx512
-// selects avx2 here: no AVX-512 build of these).
+// (exact integer block sums); for Q4_0 / Q4_1 / Q5_0 / Q8_0 they differ only in float32
+// summation order, within the bound above. ECHOKV_MATMUL_ISA=avx2|scalar forces one
+// (as matmul_rows.h; avx512 selects avx2 here: no AVX-512 build of these).
 //
-// The types added later are the same bits in both builds (the portable one does what
+// F16, BF16, Q4_K and Q6_K are the same bits in both builds (the portable one does what
 // the AVX2 one does lane by lane: 8 float32 lanes, lane l taking values 4l..4l+3 of
 // each 32 for the integer types, value j mod 8 for the 16-bit ones, each lane's terms
 // fused-multiply-added in order, then the same fixed tree over the lanes):
