@@ -50,14 +50,16 @@
 #    resident set of the whole run ("Maximum resident set size" of /usr/bin/time -v;
 #    echokv's own VmHWM line is kept in the logs). OPENBLAS_CORETYPE only affects echokv;
 #    default here: --coretypes unset. No serving benchmark in this mode.
+#    --gguf-contexts LIST replaces 512,2048,8128 (e.g. 512 for a short paired run).
 #    --weights native (issue 30) passes `--weights native` to echokv-bench-model: echokv
-#    then keeps the file's Q4_0/Q4_1/Q8_0 blocks and decodes on them as llama.cpp does;
+#    then keeps the file's Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K blocks or F16/BF16 rows and decodes
+#    on them as llama.cpp does;
 #    --weights float32,native runs both, each pair interleaved with llama.cpp's run (the
 #    rows then carry the mode: "decode@512 [native]").
 #
 # Usage:
 #   bench/llamacpp_compare.sh --llama-bin DIR [--gguf FILE] [--peer-dir DIR] [--build DIR] [--data DIR]
-#                             [--out DIR] [--repeats N] [--threads 1,2]
+#                             [--out DIR] [--repeats N] [--threads 1,2] [--gguf-contexts 512,2048,8128]
 #                             [--coretypes Haswell,unset] [--models stories260K,random40m]
 #                             [--clients 1,4,16,64] [--server-rounds 2] [--no-server] [--server-only]
 #                             [--weights float32|native|float32,native]
@@ -102,6 +104,7 @@ while [[ $# -gt 0 ]]; do
     --coretypes) CORETYPES="$2"; CORETYPES_GIVEN=1; shift 2 ;;
     --gguf) GGUF="$2"; shift 2 ;;
     --weights) WEIGHTS="$2"; shift 2 ;;
+    --gguf-contexts) GGUF_CONTEXTS="$2"; shift 2 ;;
     --models) MODELS="$2"; shift 2 ;;
     --clients) CLIENTS="$2"; shift 2 ;;
     --server-rounds) SERVER_ROUNDS="$2"; shift 2 ;;
@@ -143,7 +146,7 @@ locked() { flock "$BENCH_LOCK" "$@"; }
 
 # ---- --gguf FILE: one GGUF file, both engines (issue 27 item 9) ---------------------------
 gguf_compare() {
-  local EB="$BUILD/bin" raw="$OUT/raw.tsv" ctxs="512,2048,8128" n_ctx=8192 logs="$OUT/logs"
+  local EB="$BUILD/bin" raw="$OUT/raw.tsv" ctxs="${GGUF_CONTEXTS:-512,2048,8128}" n_ctx=8192 logs="$OUT/logs"
   mkdir -p "$logs"
   if [[ ! -x "$EB/echokv-bench-model" ]]; then
     say "echokv: building echokv-bench-model in $BUILD"

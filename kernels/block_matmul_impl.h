@@ -21,17 +21,38 @@ void DequantizeBlockRowsAvx2(const BlockMatrix& w, int64_t r0, int64_t r1, float
 
 namespace {
 
-// What a tile is handed: its first weight row, the matrix's row stride and block count,
-// its first input's quantized values / scales / sums, and y shifted to (row, input).
+// A Q4_K super-block's 6-bit scale and minimum of sub-block j (block_matmul.h's layout).
+inline void Q4KScaleMin(const uint8_t* sc, int j, int* scale, int* min) {
+  if (j < 4) {
+    *scale = sc[j] & 63;
+    *min = sc[j + 4] & 63;
+  } else {
+    *scale = (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
+    *min = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+  }
+}
+
+// What a tile is handed: its first weight row, the matrix's row stride and block count
+// (blocks of the type: 32 or 256 values), the inputs' 32-value block count (the stride
+// of d and s), its first input's quantized values / scales / sums and float values,
+// and y shifted to (row, input).
 struct TileArgs {
   const uint8_t* w;
-  int64_t row_bytes, blocks, cols, rows;
+  int64_t row_bytes, blocks, act_blocks, cols, rows;  // rows: y's row stride
   const int8_t* q;
   const float* d;
   const float* s;
+  const float* x;
   const float* bias;  // at the tile's first row, or null
   float* y;
 };
+
+// The fixed tree over 8 float32 lanes of both builds (the AVX2 build's horizontal sum):
+// ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
+inline float LaneTree(const float* v) {
+  const float s0 = v[0] + v[4], s1 = v[1] + v[5], s2 = v[2] + v[6], s3 = v[3] + v[7];
+  return (s0 + s2) + (s1 + s3);
+}
 
 // The inputs left after whole CT-wide tiles (fewer than CT) as one tile of that width.
 template <class K, BlockType T, int RT, int CT>
@@ -49,10 +70,22 @@ inline void RestTile(int64_t left, const TileArgs& a) {
 template <class K, BlockType T, int RT, int CT, int RV>
 inline void DriveBlocks(const BlockMatrix& w, const QuantizedActs& x, const float* bias, int64_t n, float* y,
                         int64_t r0, int64_t r1) {
-  const int64_t rb = w.RowBytes(), nb = w.cols / kBlockValues;
+  const int64_t rb = w.RowBytes(), nb = w.cols / BlockValuesOf(T), na = w.cols / kBlockValues;
+  const int64_t stride = w.out_stride > 0 ? w.out_stride : w.rows;  // y's row stride
+  const bool floats = TakesFloatInputs(T);
   auto args = [&](int64_t r, int64_t i) {
-    return TileArgs{w.data + r * rb, rb,  nb, w.cols, w.rows, x.q + i * w.cols, x.d + i * nb, x.s + i * nb,
-                    bias ? bias + r : nullptr, y + i * w.rows + r};
+    return TileArgs{w.data + r * rb,
+                    rb,
+                    nb,
+                    na,
+                    w.cols,
+                    stride,
+                    floats ? nullptr : x.q + i * w.cols,
+                    floats ? nullptr : x.d + i * na,
+                    floats ? nullptr : x.s + i * na,
+                    floats ? x.x + i * w.cols : nullptr,
+                    bias ? bias + r : nullptr,
+                    y + i * stride + r};
   };
   if (n == 1) {
     int64_t r = r0;
@@ -87,6 +120,16 @@ inline void DriveAny(const BlockMatrix& w, const QuantizedActs& x, const float* 
       return DriveBlocks<K, BlockType::kQ4_1, RT, CT, RV>(w, x, bias, n, y, r0, r1);
     case BlockType::kQ8_0:
       return DriveBlocks<K, BlockType::kQ8_0, RT, CT, RV>(w, x, bias, n, y, r0, r1);
+    case BlockType::kQ5_0:
+      return DriveBlocks<K, BlockType::kQ5_0, RT, CT, RV>(w, x, bias, n, y, r0, r1);
+    case BlockType::kF16:
+      return DriveBlocks<K, BlockType::kF16, RT, CT, RV>(w, x, bias, n, y, r0, r1);
+    case BlockType::kBF16:
+      return DriveBlocks<K, BlockType::kBF16, RT, CT, RV>(w, x, bias, n, y, r0, r1);
+    case BlockType::kQ4_K:
+      return DriveBlocks<K, BlockType::kQ4_K, RT, CT, RV>(w, x, bias, n, y, r0, r1);
+    case BlockType::kQ6_K:
+      return DriveBlocks<K, BlockType::kQ6_K, RT, CT, RV>(w, x, bias, n, y, r0, r1);
   }
 }
 

@@ -222,16 +222,21 @@ void EmbedRow(const WeightMatrix& embed, int64_t token, float* x) {
 
 }  // namespace
 
-void NativeMatMul(const WeightMatrix& w, const float* x, int64_t n, const float* bias, float* y, bool may_split) {
-  const kernels::BlockMatrix& m = w.blocks;
-  const int64_t nb = m.cols / kernels::kBlockValues;
-  // The inputs' int8 blocks, this thread's scratch (reused across products).
-  thread_local std::vector<int8_t> q;
-  thread_local std::vector<float> ds;
-  if (static_cast<int64_t>(q.size()) < n * m.cols) q.resize(n * m.cols);
-  if (static_cast<int64_t>(ds.size()) < 2 * n * nb) ds.resize(2 * n * nb);
-  kernels::QuantizeActs(x, n, m.cols, q.data(), ds.data(), ds.data() + n * nb);
-  const kernels::QuantizedActs acts{q.data(), ds.data(), ds.data() + n * nb};
+void DequantizeWeightRows(const WeightMatrix& w, int64_t r0, int64_t r1, float* out) {
+  if (w.parts.empty()) return kernels::DequantizeBlockRows(w.blocks, r0, r1, out);
+  int64_t first = 0;  // the part's first row in the whole matrix
+  for (const kernels::BlockMatrix& p : w.parts) {
+    const int64_t b = std::max(r0, first), e = std::min(r1, first + p.rows);
+    if (b < e) kernels::DequantizeBlockRows(p, b - first, e - first, out + (b - r0) * p.cols);
+    first += p.rows;
+  }
+}
+
+namespace {
+
+// One BlockMatrix (a whole matrix, or a part with m.out_stride the whole one's rows).
+void NativePartMatMul(const kernels::BlockMatrix& m, const kernels::QuantizedActs& acts, int64_t n, const float* bias,
+                      float* y, bool may_split) {
   const int64_t work = n * m.rows * m.cols;
   if (!may_split || work < kMinParallelWork) return kernels::BlockMatMulRows(m, acts, bias, n, y, 0, m.rows);
   const int64_t block = kernels::BlockMatMulRowsBlock();
@@ -251,6 +256,34 @@ void NativeMatMul(const WeightMatrix& w, const float* x, int64_t n, const float*
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t b = 0; b < steps; ++b) {
     kernels::BlockMatMulRows(m, acts, bias, n, y, b * step, std::min(m.rows, (b + 1) * step));
+  }
+}
+
+}  // namespace
+
+void NativeMatMul(const WeightMatrix& w, const float* x, int64_t n, const float* bias, float* y, bool may_split) {
+  const int64_t cols = w.cols(), nb = cols / kernels::kBlockValues;
+  bool ints = !kernels::TakesFloatInputs(w.blocks.type);
+  for (const kernels::BlockMatrix& p : w.parts) ints = ints || !kernels::TakesFloatInputs(p.type);
+  // The inputs' int8 blocks, this thread's scratch (reused across products); F16 / BF16
+  // rows take the float32 inputs as they are.
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> ds;
+  kernels::QuantizedActs acts{nullptr, nullptr, nullptr, x};
+  if (ints) {
+    if (static_cast<int64_t>(q.size()) < n * cols) q.resize(n * cols);
+    if (static_cast<int64_t>(ds.size()) < 2 * n * nb) ds.resize(2 * n * nb);
+    kernels::QuantizeActs(x, n, cols, q.data(), ds.data(), ds.data() + n * nb);
+    acts = kernels::QuantizedActs{q.data(), ds.data(), ds.data() + n * nb, x};
+  }
+  if (w.parts.empty()) return NativePartMatMul(w.blocks, acts, n, bias, y, may_split);
+  // Parts: each writes its rows of y [n, rows] (out_stride = the whole matrix's rows).
+  const int64_t rows = w.rows();
+  int64_t first = 0;
+  for (kernels::BlockMatrix p : w.parts) {
+    p.out_stride = rows;
+    NativePartMatMul(p, acts, n, bias != nullptr ? bias + first : nullptr, y + first, may_split);
+    first += p.rows;
   }
 }
 

@@ -62,7 +62,7 @@ at::Tensor Transformer::Impl::Linear(const at::Tensor& x, const WeightMatrix& w,
   if (static_cast<int64_t>(scratch.size()) < panel * cols) scratch.resize(panel * cols);
   for (int64_t r0 = 0; r0 < rows; r0 += panel) {
     const int64_t r1 = std::min(rows, r0 + panel);
-    kernels::DequantizeBlockRows(w.blocks, r0, r1, scratch.data());
+    DequantizeWeightRows(w, r0, r1, scratch.data());
     const at::Tensor wp = at::from_blob(scratch.data(), {r1 - r0, cols}, at::kFloat);
     if (r0 == 0 && r1 == rows) {
       if (bias.defined()) {
@@ -353,7 +353,7 @@ absl::StatusOr<std::vector<DecodeResult>> Transformer::DecodeBatch(absl::Span<co
 
 int64_t Transformer::DecodeWeightBytes() const {
   auto bytes = [](const WeightMatrix& m) -> int64_t {
-    return m.native() ? m.blocks.Bytes() : static_cast<int64_t>(m.tensor.nbytes());
+    return m.native() ? m.NativeBytes() : static_cast<int64_t>(m.tensor.nbytes());
   };
   int64_t total = bytes(impl_->lm_head);
   for (const Impl::Layer& l : impl_->layers) total += bytes(l.wqkv) + bytes(l.wo) + bytes(l.w_gate_up) + bytes(l.w_down);

@@ -38,10 +38,11 @@ struct DeviceOptions {
   int num_threads = 0;
   // "float32" (the exact reference, the default): every weight decoded to float32 at
   // load. "native" (CPU float32 only): matrices a GGUF file stores as Q4_0 / Q4_1 / Q8_0
-  // blocks stay in that form and decode computes on them (kernels/block_matmul.h:
-  // inputs quantized to int8 per 32 values); prefill decodes them a matrix at a time into
-  // a float32 scratch for its products. Other tensors (norms, other types, safetensors)
-  // stay float32.
+  // / Q4_K / Q6_K blocks or F16 / BF16 rows stay in that form and decode computes on
+  // them (kernels/block_matmul.h: inputs quantized to int8 per 32 values, float32 for
+  // F16 / BF16); prefill decodes them a matrix at a time into a float32 scratch for its
+  // products. Other tensors (norms, other types such as Q5_0 / Q5_K, a fused matrix
+  // whose parts differ in type, safetensors) stay float32.
   std::string weights = "float32";
   absl::Status Validate() const;
 };

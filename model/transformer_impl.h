@@ -88,15 +88,34 @@ class ThreadPools {
 // (kernels/block_matmul.h) in memory this holds.
 struct WeightMatrix {
   at::Tensor tensor;              // defined unless native()
-  kernels::BlockMatrix blocks;    // blocks.data != nullptr when native()
-  std::shared_ptr<void> storage;  // owns blocks.data
+  kernels::BlockMatrix blocks;    // blocks.data != nullptr when native(); parts[0] if parts
+  // A matrix stacked by rows from tensors of different stored types (a fused q/k/v of
+  // Q5_0, Q5_0 and Q8_0 rows): the parts in row order; empty when the matrix is one type.
+  std::vector<kernels::BlockMatrix> parts;
+  std::shared_ptr<void> storage;  // owns blocks.data (and the parts')
   bool native() const { return blocks.data != nullptr; }
-  int64_t rows() const { return native() ? blocks.rows : tensor.size(0); }
+  int64_t rows() const {
+    if (!native()) return tensor.size(0);
+    int64_t r = parts.empty() ? blocks.rows : 0;
+    for (const kernels::BlockMatrix& p : parts) r += p.rows;
+    return r;
+  }
   int64_t cols() const { return native() ? blocks.cols : tensor.size(1); }
+  // The stored bytes of a native matrix.
+  int64_t NativeBytes() const {
+    int64_t b = parts.empty() ? blocks.Bytes() : 0;
+    for (const kernels::BlockMatrix& p : parts) b += p.Bytes();
+    return b;
+  }
 };
 
+// Rows [r0, r1) of a native matrix as float32 into out [(r1 - r0), cols] (across its
+// parts), by kernels::DequantizeBlockRows (decode_cpu.cc).
+void DequantizeWeightRows(const WeightMatrix& w, int64_t r0, int64_t r1, float* out);
+
 // y [n, w.rows] = x [n, w.cols] W^T (+ bias) on native weights (decode_cpu.cc): the
-// inputs quantized once (kernels::QuantizeActs), then the rows in blocks, split over the
+// inputs quantized once (kernels::QuantizeActs; not for F16 / BF16 rows, which take the
+// float32 inputs), then the rows in blocks, split over the
 // OpenMP pool when `may_split` and the work is large enough. Every output's bits are
 // independent of n and of the split (kernels/block_matmul.h).
 void NativeMatMul(const WeightMatrix& w, const float* x, int64_t n, const float* bias, float* y, bool may_split);

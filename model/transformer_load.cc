@@ -229,24 +229,53 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
     // streams them once per token.
     auto big = [&](const at::Tensor& t) { return OnHugePages(t, &huge_page_bytes); };
     // A product's matrix from one or more tensors stacked by rows (fused q/k/v, gate/up):
-    // with weights "native", the stored blocks when every part is one block type the
-    // kernels read with whole blocks per row; otherwise float32 (the dtype's) as always.
+    // with weights "native", the stored blocks when every part is a type the kernels read
+    // with whole blocks per row (parts of different types, as llama-quantize's Q4_K_M
+    // mixes them in q/k/v, stay separate BlockMatrix parts); otherwise float32 (the
+    // dtype's) as always.
     auto matrix = [&](const std::vector<std::string>& names) -> WeightMatrix {
       WeightMatrix m;
       kernels::BlockType type{};
-      bool blocks = device.weights == "native";
+      bool blocks = device.weights == "native", mixed = false;
       int64_t rows = 0, cols = -1;
+      std::vector<kernels::BlockMatrix> block_parts;
       for (const std::string& name : names) {
         kernels::BlockType t{};
         const int id = weights.StoredGgmlType(name);
         const std::vector<int64_t>* shape = weights.Shape(name);
         blocks = blocks && id >= 0 && kernels::BlockTypeFromGgml(static_cast<uint32_t>(id), &t) &&
-                 shape->size() == 2 && (name == names[0] || t == type) && (cols < 0 || (*shape)[1] == cols) &&
-                 (*shape)[1] % kernels::kBlockValues == 0;
+                 shape->size() == 2 && (cols < 0 || (*shape)[1] == cols) &&
+                 (*shape)[1] % kernels::BlockValuesOf(t) == 0;
         if (!blocks) break;
-        type = t;
+        mixed = mixed || (name != names[0] && t != type);
+        if (name == names[0]) type = t;
+        block_parts.push_back(kernels::BlockMatrix{t, nullptr, (*shape)[0], (*shape)[1]});
         rows += (*shape)[0];
         cols = (*shape)[1];
+      }
+      if (blocks && mixed) {
+        // One arena slice per part (as the arena was sized: per tensor, 64-byte aligned).
+        m.storage = arena;
+        for (size_t k = 0; k < block_parts.size(); ++k) {
+          const int64_t bytes = block_parts[k].Bytes();
+          if (arena_used + bytes > arena_size) {
+            read_error = absl::InternalError("native weights: the block arena is too small (a bug)");
+            return WeightMatrix();
+          }
+          uint8_t* data = static_cast<uint8_t*>(arena.get()) + arena_used;
+          arena_used += (bytes + 63) / 64 * 64;
+          block_parts[k].data = data;
+          loaded_tensors++;
+          if (absl::Status s = weights.ReadStoredRows(names[k], data); !s.ok()) {
+            if (read_error.ok()) read_error = s;
+          }
+          native_bytes += bytes;
+          native_types.insert(kernels::BlockTypeName(block_parts[k].type));
+        }
+        m.blocks = block_parts[0];
+        m.parts = std::move(block_parts);
+        ++native_matrices;
+        return m;
       }
       if (blocks) {
         m.blocks = kernels::BlockMatrix{type, nullptr, rows, cols};
@@ -285,7 +314,7 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
         kernels::BlockType bt{};
         const int id = weights.StoredGgmlType(t.name);
         if (id < 0 || !kernels::BlockTypeFromGgml(static_cast<uint32_t>(id), &bt) || t.shape.size() != 2 ||
-            t.shape[1] % kernels::kBlockValues != 0) {
+            t.shape[1] % kernels::BlockValuesOf(bt) != 0) {
           continue;
         }
         arena_size += (kernels::BlockMatrix{bt, nullptr, t.shape[0], t.shape[1]}.Bytes() + 63) / 64 * 64;

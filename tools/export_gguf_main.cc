@@ -14,7 +14,7 @@
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json + safetensors)");
 ABSL_FLAG(std::string, out, "", "GGUF file to write");
-ABSL_FLAG(std::string, type, "f32", "storage of the matrices: f32, f16 or q8_0 (norms and biases stay f32)");
+ABSL_FLAG(std::string, type, "f32", "storage of the matrices: f32, f16, bf16, q8_0, q4_k or q6_k (norms and biases stay f32)");
 ABSL_FLAG(std::string, embedding_type, "", "storage of the embedding when it differs from --type");
 
 int main(int argc, char** argv) {

@@ -1,5 +1,6 @@
 #include "tools/gguf_export.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -121,11 +122,107 @@ std::string QuantizeQ8_0(const std::vector<float>& x) {
   return out;
 }
 
+// bfloat16 by round to nearest even (the inputs are finite).
+uint16_t FloatToBf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1)) >> 16);
+}
+
+int RoundClamp(float v, int lo, int hi) { return std::clamp(static_cast<int>(std::lround(v)), lo, hi); }
+
+// Q4_K and Q6_K by plain min / max rounding (not ggml's searched scales: valid blocks of
+// the layout for tests, a little less accurate than llama-quantize's).
+// Q4_K: per 32 values scale s = (max - min') / 15 with min' = min(min, 0), m = -min';
+// the super-block's d = max s / 63, dmin = max m / 63, 6-bit sc = s / d, mn = m / dmin;
+// q = (x + dmin mn) / (d sc) in 0..15.
+std::string QuantizeQ4_K(const std::vector<float>& x) {
+  std::string out;
+  for (size_t b = 0; b < x.size(); b += 256) {
+    float s[8], m[8], smax = 0, mmax = 0;
+    for (int j = 0; j < 8; ++j) {
+      float lo = 0, hi = 0;
+      for (int l = 0; l < 32; ++l) {
+        lo = std::min(lo, x[b + 32 * j + l]);
+        hi = std::max(hi, x[b + 32 * j + l]);
+      }
+      s[j] = (hi - lo) / 15.0f;
+      m[j] = -lo;
+      smax = std::max(smax, s[j]);
+      mmax = std::max(mmax, m[j]);
+    }
+    const float d = model::HalfToFloat(FloatToHalf(smax / 63.0f)), dmin = model::HalfToFloat(FloatToHalf(mmax / 63.0f));
+    int sc[8], mn[8];
+    uint8_t scales[12] = {}, qs[128] = {};
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = d > 0 ? RoundClamp(s[j] / d, 0, 63) : 0;
+      mn[j] = dmin > 0 ? RoundClamp(m[j] / dmin, 0, 63) : 0;
+      if (j < 4) {
+        scales[j] |= static_cast<uint8_t>(sc[j]);
+        scales[j + 4] |= static_cast<uint8_t>(mn[j]);
+      } else {
+        scales[j + 4] = static_cast<uint8_t>((sc[j] & 15) | ((mn[j] & 15) << 4));
+        scales[j - 4] |= static_cast<uint8_t>((sc[j] >> 4) << 6);
+        scales[j] |= static_cast<uint8_t>((mn[j] >> 4) << 6);
+      }
+      const float step = d * static_cast<float>(sc[j]), off = dmin * static_cast<float>(mn[j]);
+      for (int l = 0; l < 32; ++l) {
+        const int q = step > 0 ? RoundClamp((x[b + 32 * j + l] + off) / step, 0, 15) : 0;
+        qs[32 * (j / 2) + l] |= static_cast<uint8_t>(j % 2 == 0 ? q : q << 4);
+      }
+    }
+    out += Writer::Le<uint16_t>(FloatToHalf(d));
+    out += Writer::Le<uint16_t>(FloatToHalf(dmin));
+    out.append(reinterpret_cast<const char*>(scales), 12);
+    out.append(reinterpret_cast<const char*>(qs), 128);
+  }
+  return out;
+}
+
+// Q6_K: per 16 values s = max|x| / 31; d = max s / 127, 8-bit sc = s / d;
+// q = x / (d sc) in -32..31, stored + 32 as ql (low 4 bits) and qh (high 2).
+std::string QuantizeQ6_K(const std::vector<float>& x) {
+  std::string out;
+  for (size_t b = 0; b < x.size(); b += 256) {
+    float s[16], smax = 0;
+    for (int j = 0; j < 16; ++j) {
+      float amax = 0;
+      for (int l = 0; l < 16; ++l) amax = std::max(amax, std::fabs(x[b + 16 * j + l]));
+      s[j] = amax / 31.0f;
+      smax = std::max(smax, s[j]);
+    }
+    const float d = model::HalfToFloat(FloatToHalf(smax / 127.0f));
+    uint8_t ql[128] = {}, qh[64] = {};
+    int8_t sc[16];
+    for (int j = 0; j < 16; ++j) sc[j] = static_cast<int8_t>(d > 0 ? RoundClamp(s[j] / d, -128, 127) : 0);
+    for (int i = 0; i < 256; ++i) {
+      const float step = d * static_cast<float>(sc[i / 16]);
+      const int q = (step > 0 ? RoundClamp(x[b + i] / step, -32, 31) : 0) + 32;
+      const int h = i / 128, g = (i % 128) / 32, l = i % 32;
+      ql[64 * h + l + 32 * (g % 2)] |= static_cast<uint8_t>(g < 2 ? (q & 15) : (q & 15) << 4);
+      qh[32 * h + l] |= static_cast<uint8_t>((q >> 4) << (2 * g));
+    }
+    out.append(reinterpret_cast<const char*>(ql), 128);
+    out.append(reinterpret_cast<const char*>(qh), 64);
+    out.append(reinterpret_cast<const char*>(sc), 16);
+    out += Writer::Le<uint16_t>(FloatToHalf(d));
+  }
+  return out;
+}
+
 absl::StatusOr<uint32_t> TypeId(const std::string& name) {
   if (name == "f32") return static_cast<uint32_t>(model::GgmlType::kF32);
   if (name == "f16") return static_cast<uint32_t>(model::GgmlType::kF16);
+  if (name == "bf16") return static_cast<uint32_t>(model::GgmlType::kBF16);
   if (name == "q8_0") return static_cast<uint32_t>(model::GgmlType::kQ8_0);
-  return absl::InvalidArgumentError(absl::StrCat("type must be f32, f16 or q8_0, got '", name, "'"));
+  if (name == "q4_k") return static_cast<uint32_t>(model::GgmlType::kQ4_K);
+  if (name == "q6_k") return static_cast<uint32_t>(model::GgmlType::kQ6_K);
+  return absl::InvalidArgumentError(
+      absl::StrCat("type must be f32, f16, bf16, q8_0, q4_k or q6_k, got '", name, "'"));
+}
+
+bool IsKType(uint32_t type) {
+  return type == static_cast<uint32_t>(model::GgmlType::kQ4_K) || type == static_cast<uint32_t>(model::GgmlType::kQ6_K);
 }
 
 std::string Encode(const std::vector<float>& v, uint32_t type) {
@@ -134,7 +231,14 @@ std::string Encode(const std::vector<float>& v, uint32_t type) {
     for (float f : v) s += Writer::Le<uint16_t>(FloatToHalf(f));
     return s;
   }
+  if (type == static_cast<uint32_t>(model::GgmlType::kBF16)) {
+    std::string s;
+    for (float f : v) s += Writer::Le<uint16_t>(FloatToBf16(f));
+    return s;
+  }
   if (type == static_cast<uint32_t>(model::GgmlType::kQ8_0)) return QuantizeQ8_0(v);
+  if (type == static_cast<uint32_t>(model::GgmlType::kQ4_K)) return QuantizeQ4_K(v);
+  if (type == static_cast<uint32_t>(model::GgmlType::kQ6_K)) return QuantizeQ6_K(v);
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
@@ -168,6 +272,7 @@ absl::Status ExportGguf(const std::string& dir, const std::string& out_path, con
   ECHOKV_ASSIGN_OR_RETURN(uint32_t type, TypeId(options.type));
   ECHOKV_ASSIGN_OR_RETURN(uint32_t embed_type,
                           TypeId(options.embedding_type.empty() ? options.type : options.embedding_type));
+  ECHOKV_ASSIGN_OR_RETURN(uint32_t v_type, TypeId(options.v_type.empty() ? options.type : options.v_type));
   ECHOKV_ASSIGN_OR_RETURN(ModelConfig c, model::LoadModelConfig(dir));
   ECHOKV_ASSIGN_OR_RETURN(std::unique_ptr<model::Checkpoint> ckpt, model::Checkpoint::Open(dir));
   ECHOKV_RETURN_IF_ERROR(model::ValidateCheckpoint(*ckpt, c));
@@ -286,6 +391,9 @@ absl::Status ExportGguf(const std::string& dir, const std::string& out_path, con
     const std::vector<int64_t>& shape = *weights.Shape(hf);
     if (heads > 0) v = Permute(v, shape[0], static_cast<int64_t>(v.size()) / shape[0], heads);
     if (shape.size() == 1 || shape.back() % 32 != 0) t = static_cast<uint32_t>(model::GgmlType::kF32);
+    // K-quant rows are whole super-blocks: other rows fall back to Q8_0 (as llama-quantize
+    // falls back to another type).
+    if (IsKType(t) && shape.back() % 256 != 0) t = static_cast<uint32_t>(model::GgmlType::kQ8_0);
     std::vector<int64_t> dims(shape.rbegin(), shape.rend());
     w.Tensor(gguf, dims, t, Encode(v, t));
     return absl::OkStatus();
@@ -297,7 +405,7 @@ absl::Status ExportGguf(const std::string& dir, const std::string& out_path, con
     ECHOKV_RETURN_IF_ERROR(put(g + "attn_norm.weight", h + "input_layernorm.weight", f32, 0));
     ECHOKV_RETURN_IF_ERROR(put(g + "attn_q.weight", h + "self_attn.q_proj.weight", type, permute ? c.num_heads : 0));
     ECHOKV_RETURN_IF_ERROR(put(g + "attn_k.weight", h + "self_attn.k_proj.weight", type, permute ? c.num_kv_heads : 0));
-    ECHOKV_RETURN_IF_ERROR(put(g + "attn_v.weight", h + "self_attn.v_proj.weight", type, 0));
+    ECHOKV_RETURN_IF_ERROR(put(g + "attn_v.weight", h + "self_attn.v_proj.weight", v_type, 0));
     if (c.qkv_bias) {
       ECHOKV_RETURN_IF_ERROR(put(g + "attn_q.bias", h + "self_attn.q_proj.bias", f32, permute ? c.num_heads : 0));
       ECHOKV_RETURN_IF_ERROR(put(g + "attn_k.bias", h + "self_attn.k_proj.bias", f32, permute ? c.num_kv_heads : 0));
