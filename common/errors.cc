@@ -18,6 +18,7 @@ absl::string_view ErrorKindName(ErrorKind kind) {
     case ErrorKind::kAlreadyExists: return "already_exists";
     case ErrorKind::kFailedPrecondition: return "failed_precondition";
     case ErrorKind::kBusy: return "busy";
+    case ErrorKind::kConversationMismatch: return "conversation_mismatch";
     case ErrorKind::kAborted: return "aborted";
     case ErrorKind::kLimitReached: return "limit_reached";
     case ErrorKind::kCancelled: return "cancelled";
@@ -42,6 +43,7 @@ absl::StatusCode StatusCodeOf(ErrorKind kind) {
     case ErrorKind::kAlreadyExists: return absl::StatusCode::kAlreadyExists;
     case ErrorKind::kFailedPrecondition: return absl::StatusCode::kFailedPrecondition;
     case ErrorKind::kBusy: return absl::StatusCode::kFailedPrecondition;
+    case ErrorKind::kConversationMismatch: return absl::StatusCode::kFailedPrecondition;
     case ErrorKind::kAborted: return absl::StatusCode::kAborted;
     case ErrorKind::kLimitReached: return absl::StatusCode::kResourceExhausted;
     case ErrorKind::kCancelled: return absl::StatusCode::kCancelled;

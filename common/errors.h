@@ -34,6 +34,9 @@ enum class ErrorKind {
   kAlreadyExists,          // ALREADY_EXISTS: an imported id that is taken
   kFailedPrecondition,     // FAILED_PRECONDITION: e.g. a snapshot of another model
   kBusy,                   // FAILED_PRECONDITION: another mutation holds the session
+  kConversationMismatch,   // FAILED_PRECONDITION: a whole conversation sent to continue a
+                           // session does not begin with the session's (`field` names the
+                           // first message that differs, "input.chat[3]")
   kAborted,                // ABORTED
   kLimitReached,           // RESOURCE_EXHAUSTED: a server or tenant limit (`limit` names it), a full disk
   kCancelled,              // CANCELLED: by the client, or the server shutting down
@@ -50,7 +53,8 @@ enum class ErrorKind {
 inline constexpr ErrorKind kAllErrorKinds[] = {
     ErrorKind::kInvalidArgument, ErrorKind::kContextLengthExceeded, ErrorKind::kOutOfRange,
     ErrorKind::kNotFound,        ErrorKind::kAlreadyExists,         ErrorKind::kFailedPrecondition,
-    ErrorKind::kBusy,            ErrorKind::kAborted,               ErrorKind::kLimitReached,
+    ErrorKind::kBusy,            ErrorKind::kConversationMismatch,  ErrorKind::kAborted,
+    ErrorKind::kLimitReached,
     ErrorKind::kCancelled,       ErrorKind::kDeadlineExceeded,      ErrorKind::kUnavailable,
     ErrorKind::kUnimplemented,   ErrorKind::kUnauthenticated,       ErrorKind::kPermissionDenied,
     ErrorKind::kDataLoss,        ErrorKind::kInternal,              ErrorKind::kUnknown,
@@ -68,7 +72,8 @@ struct ErrorInfo {
   ErrorKind kind = ErrorKind::kInternal;
   // Bad input: the request field at fault, in the gRPC API's spelling without indices
   // ("input", "input.chat", "sampling.temperature", "stop", "ttl_seconds",
-  // "compression.budget", "max_tokens", "session_id"); "" when none.
+  // "compression.budget", "max_tokens", "session_id"); "" when none. An index only where
+  // the error is about one element: kConversationMismatch's "input.chat[3]".
   std::string field;
   // kLimitReached: the limit ("max_sessions", "max_kv_bytes", "max_cold_bytes",
   // "max_concurrent_streams", "max_streams"); "" when none (e.g. a full disk).

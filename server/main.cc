@@ -322,7 +322,15 @@ int Run() {
   if (tokens != nullptr) (*engine)->SetTenantQuotas(tokens->Quotas());
   const int reserve =
       DefaultStreamReserve(config->limits.max_concurrent_streams, tokens != nullptr ? tokens->tenant_count() : 1);
-  EchoKvService service(engine->get(), metrics->get(), tokens.get(), reserve);
+  // The session layer: both doors' use-cases and their shared stream slots.
+  SessionsOptions sessions_options;
+  sessions_options.stream_reserve = reserve;
+  if (tokens != nullptr) {
+    const TokenStore* store = tokens.get();
+    sessions_options.stream_quota = [store](const std::string& tenant) { return store->QuotaOf(tenant).max_streams; };
+  }
+  Sessions sessions(engine->get(), metrics->get(), std::move(sessions_options));
+  EchoKvService service(&sessions, metrics->get(), tokens.get());
 
   // On a TLS port gRPC's AuthMetadataProcessor checks every call's token before any
   // handler runs; gRPC 1.51 cannot run one on a plaintext port, where the service
@@ -370,7 +378,7 @@ int Run() {
     ECHOKV_LOG(ERROR) << "cannot listen on " << host << ":" << absl::GetFlag(FLAGS_port);
     return 1;
   }
-  // The HTTP door shares the engine and the max_concurrent_streams slots.
+  // The HTTP door shares the session layer (and so its stream slots) with the gRPC door.
   std::unique_ptr<OpenAiServer> http;
   if (absl::GetFlag(FLAGS_http_port) >= 0) {
     OpenAiConfig hc;
@@ -394,10 +402,8 @@ int Run() {
       return 2;
     }
     hc.tokens = tokens.get();
-    DoorSlots slots{[&service](const std::string& tenant) { return service.AcquireStream(tenant); },
-                    [&service](const std::string& tenant) { service.ReleaseStream(tenant); }};
     absl::StatusOr<std::unique_ptr<OpenAiServer>> started =
-        OpenAiServer::Start(engine->get(), metrics->get(), hc, std::move(slots));
+        OpenAiServer::Start(&sessions, (*engine)->tokenizer(), metrics->get(), hc);
     if (!started.ok()) {
       ECHOKV_LOG(ERROR) << started.status().message();
       return 1;
@@ -503,7 +509,7 @@ int Run() {
     struct timespec ts = {0, 20 * 1000 * 1000};
     const int got = sigtimedwait(&signals, nullptr, &ts);
     if (!cancelled && ((got > 0 && got != SIGHUP) || absl::Now() >= cancel_at)) {
-      ECHOKV_LOG(INFO) << "cancelling " << service.streams_in_flight() << " in-flight call(s)";
+      ECHOKV_LOG(INFO) << "cancelling " << sessions.streams_in_flight() << " in-flight call(s)";
       (*engine)->CancelAll();
       cancelled = true;
     }
@@ -513,7 +519,7 @@ int Run() {
     if (service.calls_in_flight() == 0) grpc_server_cancel_all_calls(server->c_server());
   }
   stopper.join();
-  while (service.streams_in_flight() > 0 && !cancelled) wait_a_little();  // HTTP streams
+  while (sessions.streams_in_flight() > 0 && !cancelled) wait_a_little();  // HTTP streams
   (*engine)->Shutdown();
   if (http != nullptr) http->Stop();  // after the engine released every waiting handler
   ECHOKV_LOG(INFO) << "echokv-server stopped";

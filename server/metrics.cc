@@ -260,6 +260,11 @@ void Metrics::OnHttpRequest(absl::string_view route, int status) {
 
 void Metrics::OnStreamDelta(int delta) { impl_->streams_g.Increment(delta); }
 
+void Metrics::OnStreamSlot(absl::string_view tenant, int delta) {
+  OnStreamDelta(delta);
+  if (!tenant.empty()) OnTenantStreamDelta(tenant, delta);
+}
+
 void Metrics::OnTenantStreamDelta(absl::string_view tenant, int delta) {
   impl_->tenant_streams.Add({{"tenant", std::string(tenant)}}).Increment(delta);
 }

@@ -38,6 +38,9 @@ class Metrics : public EngineObserver {
   // One finished HTTP API request: its route ("/v1/chat/completions") and HTTP status
   // (499: the client went away before the end of a streamed response).
   void OnHttpRequest(absl::string_view route, int status);
+  // A stream slot taken or given back: streaming calls in flight (+1 / -1), and for an
+  // authenticated tenant its own count.
+  void OnStreamSlot(absl::string_view tenant, int delta) override;
   // Streaming RPCs in flight (+1 / -1).
   void OnStreamDelta(int delta);
   // Stream slots held by an authenticated tenant (+1 / -1); tenants come from the

@@ -102,6 +102,14 @@ struct InputSpec {
   std::vector<model::ChatMessage> chat;      // kChat
   std::string tools_json;                    // kChat: tool definitions (JSON array; "" = none)
   bool add_generation_prompt = true;         // kChat
+  // kChat, appended to a session: `chat` is the whole conversation (OpenAI clients
+  // resend it every time), which must begin with the session's stored messages; only
+  // the messages after them are appended. Checked under the session's claim: a
+  // conversation that differs fails with kConversationMismatch naming the first
+  // message that differs ("input.chat[3]"), one that adds nothing after the assistant's
+  // last reply with kInvalidArgument ("input.chat"); one that adds nothing otherwise
+  // appends nothing (e.g. a session created with the question and the generation prompt).
+  bool whole_conversation = false;
   std::optional<bool> add_special_tokens;    // kText; unset = per-RPC default
 };
 
@@ -280,7 +288,39 @@ struct EngineHealth {
   int queued = 0;                  // requests and jobs waiting
 };
 
-class Engine {
+// What the session layer (server/sessions/sessions.h) needs of the engine: its
+// use-cases, facts and live totals. Engine is the one implementation; the session
+// layer's tests run against a fake. The contract of each method is Engine's (below).
+class EnginePort {
+ public:
+  virtual ~EnginePort() = default;
+  virtual const ServerFacts& facts() const = 0;
+  virtual void CreateSession(CreateRequest request, CancelFlag cancel, ProgressFn progress,
+                             DoneFn<SessionInfo> done) = 0;
+  virtual void AppendToSession(AppendRequest request, CancelFlag cancel, ProgressFn progress,
+                               DoneFn<SessionInfo> done) = 0;
+  virtual void Generate(GenerateParams params, CancelFlag cancel, StreamSink sink, DoneFn<GenerateSummary> done) = 0;
+  virtual void Compress(Caller caller, InputSpec input, compression::CompressionConfig config, CancelFlag cancel,
+                        DoneFn<CompressOutcome> done) = 0;
+  virtual void ForkSession(Caller caller, std::string session_id, std::optional<absl::Duration> ttl,
+                           DoneFn<SessionInfo> done) = 0;
+  virtual void GetSession(Caller caller, std::string session_id, DoneFn<SessionInfo> done) = 0;
+  virtual void ListSessions(Caller caller, DoneFn<std::vector<SessionInfo>> done) = 0;
+  virtual void DeleteSession(Caller caller, std::string session_id, DoneFn<int64_t> done) = 0;
+  virtual void InspectCache(Caller caller, std::string session_id, bool include_positions,
+                            DoneFn<CacheInspection> done) = 0;
+  virtual void ExportSession(Caller caller, std::string session_id, CancelFlag cancel, ExportSink sink,
+                             DoneFn<int64_t> done) = 0;
+  virtual std::unique_ptr<SessionImport> BeginImport(Caller caller, bool keep_id,
+                                                     std::optional<absl::Duration> ttl) = 0;
+  virtual void SessionTokens(Caller caller, std::string session_id, DoneFn<std::vector<int>> done) = 0;
+  virtual StoreTotals Totals() const = 0;
+  virtual StoreTotals TotalsOf(const std::string& tenant) const = 0;
+  virtual void Wake() = 0;
+  virtual EngineHealth Health() const = 0;
+};
+
+class Engine final : public EnginePort {
  public:
   // Loads the model and tokenizer and starts the engine thread. `observer` (may be
   // null) receives plain stats; it must outlive the engine and be thread-safe.
@@ -293,11 +333,11 @@ class Engine {
       const EngineConfig& config, std::shared_ptr<const model::Transformer> model,
       std::shared_ptr<const model::Tokenizer> tokenizer, std::optional<model::ChatTemplate> chat,
       EngineObserver* observer, const Clock* clock);
-  ~Engine();  // Shutdown() + join
+  ~Engine() override;  // Shutdown() + join
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  const ServerFacts& facts() const;
+  const ServerFacts& facts() const override;
   // The model's tokenizer (immutable, thread-safe const methods); the HTTP API reads
   // token pieces from it for logprobs.
   const model::Tokenizer& tokenizer() const;
@@ -306,41 +346,41 @@ class Engine {
   // or on an edge thread for an early error; inline with UNAVAILABLE after Shutdown).
   // Progress/delta callbacks run on the engine thread before `done`. A set cancel flag
   // stops the work within one step with CANCELLED and leaves every session as it was.
-  void CreateSession(CreateRequest request, CancelFlag cancel, ProgressFn progress, DoneFn<SessionInfo> done);
-  void AppendToSession(AppendRequest request, CancelFlag cancel, ProgressFn progress, DoneFn<SessionInfo> done);
-  void Generate(GenerateParams params, CancelFlag cancel, StreamSink sink, DoneFn<GenerateSummary> done);
+  void CreateSession(CreateRequest request, CancelFlag cancel, ProgressFn progress, DoneFn<SessionInfo> done) override;
+  void AppendToSession(AppendRequest request, CancelFlag cancel, ProgressFn progress, DoneFn<SessionInfo> done) override;
+  void Generate(GenerateParams params, CancelFlag cancel, StreamSink sink, DoneFn<GenerateSummary> done) override;
   void Compress(Caller caller, InputSpec input, compression::CompressionConfig config, CancelFlag cancel,
-                DoneFn<CompressOutcome> done);
+                DoneFn<CompressOutcome> done) override;
   void ForkSession(Caller caller, std::string session_id, std::optional<absl::Duration> ttl,
-                   DoneFn<SessionInfo> done);
-  void GetSession(Caller caller, std::string session_id, DoneFn<SessionInfo> done);
-  void ListSessions(Caller caller, DoneFn<std::vector<SessionInfo>> done);
-  void DeleteSession(Caller caller, std::string session_id, DoneFn<int64_t> done);  // freed bytes
+                   DoneFn<SessionInfo> done) override;
+  void GetSession(Caller caller, std::string session_id, DoneFn<SessionInfo> done) override;
+  void ListSessions(Caller caller, DoneFn<std::vector<SessionInfo>> done) override;
+  void DeleteSession(Caller caller, std::string session_id, DoneFn<int64_t> done) override;  // freed bytes
   void InspectCache(Caller caller, std::string session_id, bool include_positions,
-                    DoneFn<CacheInspection> done);
+                    DoneFn<CacheInspection> done) override;
 
   // A self-describing snapshot of the session's committed state (the state format of
   // docs/ARCHITECTURE.md), streamed in chunks; `done` gets the total bytes.
   void ExportSession(Caller caller, std::string session_id, CancelFlag cancel, ExportSink sink,
-                     DoneFn<int64_t> done);
+                     DoneFn<int64_t> done) override;
   // Recreates a session from an ExportSession stream (this server's model only:
   // FAILED_PRECONDITION otherwise) under a new id of this replica, or the snapshot's own
   // id with keep_id (ALREADY_EXISTS when taken). Owned by the caller's tenant.
-  std::unique_ptr<SessionImport> BeginImport(Caller caller, bool keep_id, std::optional<absl::Duration> ttl);
+  std::unique_ptr<SessionImport> BeginImport(Caller caller, bool keep_id, std::optional<absl::Duration> ttl) override;
 
   // Every token the session holds, in order (its committed state).
-  void SessionTokens(Caller caller, std::string session_id, DoneFn<std::vector<int>> done);
+  void SessionTokens(Caller caller, std::string session_id, DoneFn<std::vector<int>> done) override;
 
   // Live totals (thread-safe, no engine round trip): of every session, or of one
   // tenant's.
-  StoreTotals Totals() const;
-  StoreTotals TotalsOf(const std::string& tenant) const;
+  StoreTotals Totals() const override;
+  StoreTotals TotalsOf(const std::string& tenant) const override;
   // Each tenant's own quotas (sessions, hot and cold bytes; the tokens file), replacing
   // the previous ones; thread-safe. Tenants without an entry have none.
   void SetTenantQuotas(absl::flat_hash_map<std::string, TenantQuota> quotas);
   // Wakes the engine thread (a stream's reader caught up).
-  void Wake();
-  EngineHealth Health() const;
+  void Wake() override;
+  EngineHealth Health() const override;
   // Cancels every running and queued job (they finish with CANCELLED).
   void CancelAll();
   // Stops accepting work (UNAVAILABLE), cancels everything, joins the threads.

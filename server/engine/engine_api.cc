@@ -1,5 +1,6 @@
 // Engine's public methods (any thread): requests are checked and handed to the
 // engine thread's inbox; ImportSession's transfer (engine_impl.h).
+#include "server/engine/conversation.h"
 #include "server/engine/engine_impl.h"
 
 #ifndef ECHOKV_VERSION
@@ -148,9 +149,10 @@ void Engine::CreateSession(CreateRequest request, CancelFlag cancel, ProgressFn 
 
 void Engine::Impl::EdgeAppend(std::shared_ptr<AppendRequest> req, CancelFlag cancel, ProgressFn progress,
                               absl::Time admitted, std::function<void(absl::Status)> fail,
-                              std::function<void(std::vector<int>, std::optional<ChatEncoding>)> admit) {
+                              std::function<void(std::vector<int>, std::optional<ChatEncoding>)> admit,
+                              std::function<void()> nothing_new) {
   Impl* impl = this;
-  edge->Submit([impl, req, cancel, progress, fail, admit, admitted](bool shutting_down) {
+  edge->Submit([impl, req, cancel, progress, fail, admit, nothing_new, admitted](bool shutting_down) {
     if (shutting_down) return fail(absl::UnavailableError("server is shutting down"));
     if (cancel->load()) return fail(absl::CancelledError("cancelled before it started"));
     if (!IsValidSessionId(req->session_id)) {
@@ -160,6 +162,22 @@ void Engine::Impl::EdgeAppend(std::shared_ptr<AppendRequest> req, CancelFlag can
     // may slip in between.
     absl::StatusOr<SessionMeta> meta = impl->store->Claim(req->session_id, req->caller.tenant);
     if (!meta.ok()) return fail(meta.status());
+    if (req->input.whole_conversation && req->input.kind == InputSpec::Kind::kChat) {
+      // Checked under the claim: no other append can change the stored conversation
+      // between this check and the append.
+      absl::StatusOr<std::vector<model::ChatMessage>> added = NewMessages(meta->messages, req->input.chat);
+      if (added.ok() && added->empty() && !nothing_new) {
+        added = MakeError(ErrorKind::kInvalidArgument, "input.chat",
+                          "input.chat: nothing new after the session's conversation");
+      }
+      if (!added.ok() || added->empty()) {
+        impl->store->Release(req->session_id);
+        if (!added.ok()) return fail(added.status());
+        return nothing_new();
+      }
+      req->input.chat = std::move(*added);
+      req->input.whole_conversation = false;
+    }
     if (progress) progress(ProgressEvent{"tokenize", 0, 1, absl::ToDoubleSeconds(impl->clock->Now() - admitted)});
     const int64_t room = impl->facts.limits.max_context_tokens - meta->tokens_seen;
     std::vector<int> ids;
@@ -205,8 +223,36 @@ void Engine::AppendToSession(AppendRequest request, CancelFlag cancel, ProgressF
                    [impl, req, cancel, progress, done, admitted](std::vector<int> ids,
                                                                   std::optional<Engine::Impl::ChatEncoding> enc) {
                      impl->AdmitAppend(req, cancel, progress, done, std::move(ids), std::move(enc), admitted);
-                   });
+                   },
+                   /*nothing_new=*/nullptr);
 }
+
+namespace {
+
+// A Generate between its checks and its admission.
+struct PendingGenerate {
+  GenerateParams params;
+  CancelFlag cancel;
+  StreamSink sink;
+  DoneFn<GenerateSummary> done;
+  absl::Time admitted;
+};
+
+// Queues the stream's admission for the engine thread (AdmitGenerate).
+void PostGenerate(Engine::Impl* impl, const std::shared_ptr<PendingGenerate>& pending) {
+  CancelFlag cancel = pending->cancel;
+  if (!impl->Post(
+          [impl, pending] {
+            impl->AdmitGenerate(std::make_unique<Stream>(impl->next_work_id++, std::move(pending->params),
+                                                         std::move(pending->cancel), std::move(pending->sink),
+                                                         std::move(pending->done), pending->admitted));
+          },
+          cancel)) {
+    pending->done(absl::UnavailableError("server is shutting down"));
+  }
+}
+
+}  // namespace
 
 void Engine::Generate(GenerateParams params, CancelFlag cancel, StreamSink sink, DoneFn<GenerateSummary> done) {
   Impl* impl = impl_.get();
@@ -241,15 +287,8 @@ void Engine::Generate(GenerateParams params, CancelFlag cancel, StreamSink sink,
     return fail(MakeError(ErrorKind::kInvalidArgument, "input",
                           "input: a generation's input is appended with its commit (commit must be true)"));
   }
-  struct Pending {
-    GenerateParams params;
-    CancelFlag cancel;
-    StreamSink sink;
-    DoneFn<GenerateSummary> done;
-    absl::Time admitted;
-  };
-  auto pending = std::make_shared<Pending>(
-      Pending{std::move(params), cancel, std::move(sink), std::move(done), impl->clock->Now()});
+  auto pending = std::make_shared<PendingGenerate>(
+      PendingGenerate{std::move(params), cancel, std::move(sink), std::move(done), impl->clock->Now()});
   if (pending->params.input.has_value()) {
     // The input's append and the generation are one unit (engine.h): the append turn
     // runs like AppendToSession's, then the stream starts from its uncommitted state.
@@ -266,18 +305,12 @@ void Engine::Generate(GenerateParams params, CancelFlag cancel, StreamSink sink,
                                             std::move(pending->sink), std::move(pending->done), pending->admitted);
           impl->AdmitAppend(req, std::move(job_cancel), nullptr, nullptr, std::move(ids), std::move(enc),
                             pending->admitted, std::move(s));
-        });
+        },
+        // A whole conversation with nothing new: the generation continues the session.
+        [impl, pending] { PostGenerate(impl, pending); });
     return;
   }
-  if (!impl->Post(
-          [impl, pending] {
-            impl->AdmitGenerate(std::make_unique<Stream>(impl->next_work_id++, std::move(pending->params),
-                                                         std::move(pending->cancel), std::move(pending->sink),
-                                                         std::move(pending->done), pending->admitted));
-          },
-          cancel)) {
-    pending->done(absl::UnavailableError("server is shutting down"));
-  }
+  PostGenerate(impl, pending);
 }
 
 void Engine::Compress(Caller caller, InputSpec input, compression::CompressionConfig config, CancelFlag cancel,

@@ -279,9 +279,13 @@ class Engine::Impl {
                    absl::Time admitted, std::unique_ptr<Stream> then = nullptr);
   // The append's edge work (any thread but the engine's): claims the session, checks and
   // tokenizes the input; `fail` answers errors there, `admit` runs on the engine thread.
+  // A whole conversation (InputSpec::whole_conversation) is cut to what it adds here;
+  // when it adds nothing, `nothing_new` runs instead (on the edge thread, the claim
+  // released); null: that is an INVALID_ARGUMENT.
   void EdgeAppend(std::shared_ptr<AppendRequest> req, CancelFlag cancel, ProgressFn progress, absl::Time admitted,
                   std::function<void(absl::Status)> fail,
-                  std::function<void(std::vector<int>, std::optional<ChatEncoding>)> admit);
+                  std::function<void(std::vector<int>, std::optional<ChatEncoding>)> admit,
+                  std::function<void()> nothing_new);
   // A finished append of GenerateParams::input: its stream begins (engine thread).
   void StartPromptedStream(ActiveJob& j);
   void AdmitGenerate(std::unique_ptr<Stream> s);

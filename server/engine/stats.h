@@ -68,6 +68,9 @@ class EngineObserver {
   // (streams and lookahead rows; 0 when it only prefilled, ran a policy phase or sampled
   // new streams' first tokens from their sessions' logits).
   virtual void OnStep(double seconds, int decode_rows) {}
+  // The session layer's stream slots (server/sessions/sessions.h): a slot taken (+1) or
+  // given back (-1) by `tenant` ("" when the server runs open).
+  virtual void OnStreamSlot(absl::string_view tenant, int delta) {}
 };
 
 }  // namespace echokv::server

@@ -115,6 +115,7 @@ TEST(GrpcTableTest, EveryKindHasItsCode) {
       {ErrorKind::kAlreadyExists, grpc::StatusCode::ALREADY_EXISTS},
       {ErrorKind::kFailedPrecondition, grpc::StatusCode::FAILED_PRECONDITION},
       {ErrorKind::kBusy, grpc::StatusCode::FAILED_PRECONDITION},
+      {ErrorKind::kConversationMismatch, grpc::StatusCode::FAILED_PRECONDITION},
       {ErrorKind::kAborted, grpc::StatusCode::ABORTED},
       {ErrorKind::kLimitReached, grpc::StatusCode::RESOURCE_EXHAUSTED},
       {ErrorKind::kCancelled, grpc::StatusCode::CANCELLED},
@@ -168,6 +169,7 @@ TEST(OpenAiTableTest, EveryKindHasItsStatusTypeCodeAndParam) {
       {ErrorKind::kAlreadyExists, {409, "invalid_request_error", "already_exists", "", 0}},
       {ErrorKind::kFailedPrecondition, {409, "invalid_request_error", "failed_precondition", "", 0}},
       {ErrorKind::kBusy, {409, "invalid_request_error", "failed_precondition", "", 0}},
+      {ErrorKind::kConversationMismatch, {409, "invalid_request_error", "conversation_mismatch", "messages", 0}},
       {ErrorKind::kAborted, {409, "invalid_request_error", "aborted", "", 0}},
       {ErrorKind::kLimitReached, {429, "rate_limit_error", "resource_exhausted", "", 1}},
       {ErrorKind::kCancelled, {503, "server_error", "cancelled", "", 1}},
@@ -198,7 +200,8 @@ TEST(OpenAiTableTest, EveryKindHasItsStatusTypeCodeAndParam) {
     EXPECT_EQ(e.code, it->second.code) << ErrorKindName(k);
     EXPECT_EQ(e.param, it->second.param) << ErrorKindName(k);
     EXPECT_EQ(e.message, "the message");
-    EXPECT_FALSE(e.no_retry);
+    EXPECT_EQ(e.no_retry, k == ErrorKind::kConversationMismatch) << ErrorKindName(k);
+    EXPECT_EQ(got.no_retry, e.no_retry) << ErrorKindName(k);
     const auto headers = HttpErrorHeaders(e);
     const bool retry_after = !headers.empty() && headers[0].first == "Retry-After" && headers[0].second == "1";
     EXPECT_EQ(retry_after, it->second.retry_after_s == 1) << ErrorKindName(k);
@@ -245,6 +248,13 @@ TEST(OpenAiTableTest, ParamOfEachEngineField) {
   EXPECT_EQ(OpenAiError(ErrorKind::kNotFound, "session_id", chat).param, "");
   EXPECT_EQ(OpenAiError(ErrorKind::kBusy, "session_id", chat).param, "");
   EXPECT_EQ(OpenAiError(ErrorKind::kLimitReached, "", chat).param, "");
+  // A conversation that does not continue the session's names the first message that
+  // differs, in the request's spelling, and tells the SDKs not to retry.
+  const OpenAiErrorShape mismatch = OpenAiError(ErrorKind::kConversationMismatch, "input.chat[3]", chat);
+  EXPECT_EQ(mismatch.param, "messages[3]");
+  EXPECT_TRUE(mismatch.no_retry);
+  EXPECT_EQ(OpenAiError(ErrorKind::kConversationMismatch, "input.chat", chat).param, "messages");
+  EXPECT_FALSE(OpenAiError(ErrorKind::kBusy, "session_id", chat).no_retry);
 }
 
 TEST(OpenAiTableTest, StatusesWithoutPayloadAnswerAsTheirCode) {

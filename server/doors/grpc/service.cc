@@ -233,13 +233,13 @@ class StreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   StreamReactor(EchoKvService* service, const char* method)
       : in_flight_(service), service_(service), method_(method),
-        max_backlog_(service->engine()->facts().limits.max_stream_backlog) {}
+        max_backlog_(service->sessions()->facts().limits.max_stream_backlog) {}
 
   CancelFlag cancel() const { return cancel_; }
 
   // Claims a stream slot for `tenant`, released in OnDone.
   absl::Status TakeSlot(const std::string& tenant) {
-    absl::Status s = service_->AcquireStream(tenant);
+    absl::Status s = service_->sessions()->AcquireStream(tenant);
     if (s.ok()) slot_tenant_ = tenant;
     return s;
   }
@@ -309,7 +309,7 @@ class StreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         wake = true;
       }
     }
-    if (wake) service->engine()->Wake();  // a stream held back by its backlog may run again
+    if (wake) service->sessions()->Wake();  // a stream held back by its backlog may run again
     Pump();
   }
 
@@ -317,7 +317,7 @@ class StreamReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void OnDone() override {
     if (service_->metrics() != nullptr) service_->metrics()->OnRequest(method_, CodeName(status_.error_code()));
-    if (slot_tenant_.has_value()) service_->ReleaseStream(*slot_tenant_);
+    if (slot_tenant_.has_value()) service_->sessions()->ReleaseStream(*slot_tenant_);
     Unref();  // gRPC's reference
   }
 
@@ -397,7 +397,7 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
   CancelFlag cancel() const { return cancel_; }
   Response* response() { return &response_; }
   absl::Status TakeSlot(const std::string& tenant) {
-    absl::Status s = service_->AcquireStream(tenant);
+    absl::Status s = service_->sessions()->AcquireStream(tenant);
     if (s.ok()) slot_tenant_ = tenant;
     return s;
   }
@@ -410,7 +410,7 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
   void OnCancel() override { cancel_->store(true); }
   void OnDone() override {
     if (service_->metrics() != nullptr) service_->metrics()->OnRequest(method_, CodeName(code_));
-    if (slot_tenant_.has_value()) service_->ReleaseStream(*slot_tenant_);
+    if (slot_tenant_.has_value()) service_->sessions()->ReleaseStream(*slot_tenant_);
     delete this;
   }
 
@@ -463,7 +463,7 @@ class ImportReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     absl::StatusOr<Caller> caller = CallerFromGrpc(*ctx_, service_->tokens());
     if (!caller.ok()) return Fail(caller.status());
     caller_ = *caller;
-    if (absl::Status s = service_->AcquireStream(caller_.tenant); !s.ok()) return Fail(s);
+    if (absl::Status s = service_->sessions()->AcquireStream(caller_.tenant); !s.ok()) return Fail(s);
     slot_tenant_ = caller_.tenant;
     StartRead(&in_);
   }
@@ -491,7 +491,7 @@ class ImportReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       if (h.has_ttl_seconds() && h.ttl_seconds() <= 0) {
         return Fail(absl::InvalidArgumentError("header.ttl_seconds: must be > 0"));
       }
-      import_ = service_->engine()->BeginImport(caller_, h.keep_id(), ToTtl(h.has_ttl_seconds(), h.ttl_seconds()));
+      import_ = service_->sessions()->BeginImport(caller_, h.keep_id(), ToTtl(h.has_ttl_seconds(), h.ttl_seconds()));
       StartRead(&in_);
       return;
     }
@@ -504,7 +504,7 @@ class ImportReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   void OnDone() override {
     if (service_->metrics() != nullptr) service_->metrics()->OnRequest("ImportSession", CodeName(code_));
-    if (slot_tenant_.has_value()) service_->ReleaseStream(*slot_tenant_);
+    if (slot_tenant_.has_value()) service_->sessions()->ReleaseStream(*slot_tenant_);
     delete this;
   }
 
@@ -552,7 +552,7 @@ std::optional<Caller> AdmitCall(EchoKvService* service, Reactor* reactor, grpc::
   absl::Status status = caller.status();
   if (status.ok()) status = raw != nullptr ? ParseRaw(*raw, "request", request) : ParseRequest("", request);
   if (status.ok()) {
-    HintOwner(ctx, *request, service->engine()->facts().replica_id);
+    HintOwner(ctx, *request, service->sessions()->facts().replica_id);
     if (slot == Slot::kTake) status = reactor->TakeSlot(caller->tenant);
   }
   if (!status.ok()) {
@@ -564,35 +564,8 @@ std::optional<Caller> AdmitCall(EchoKvService* service, Reactor* reactor, grpc::
 
 }  // namespace
 
-EchoKvService::EchoKvService(Engine* engine, Metrics* metrics, const TokenStore* tokens, int stream_reserve)
-    : engine_(engine),
-      metrics_(metrics),
-      tokens_(tokens),
-      slots_(engine->facts().limits.max_concurrent_streams, stream_reserve) {}
-
-absl::Status EchoKvService::AcquireStream(const std::string& tenant) {
-  const int cap = tokens_ != nullptr ? tokens_->QuotaOf(tenant).max_streams : 0;
-  absl::Status s = slots_.Acquire(tenant, cap);
-  if (!s.ok()) {
-    if (metrics_ != nullptr) {
-      metrics_->OnSessionRejected(ErrorInfoOf(s).limit);  // max_concurrent_streams or the tenant's max_streams
-    }
-    return s;
-  }
-  if (metrics_ != nullptr) {
-    metrics_->OnStreamDelta(1);
-    if (!tenant.empty()) metrics_->OnTenantStreamDelta(tenant, 1);
-  }
-  return absl::OkStatus();
-}
-
-void EchoKvService::ReleaseStream(const std::string& tenant) {
-  slots_.Release(tenant);
-  if (metrics_ != nullptr) {
-    metrics_->OnStreamDelta(-1);
-    if (!tenant.empty()) metrics_->OnTenantStreamDelta(tenant, -1);
-  }
-}
+EchoKvService::EchoKvService(Sessions* sessions, Metrics* metrics, const TokenStore* tokens)
+    : sessions_(sessions), metrics_(metrics), tokens_(tokens) {}
 
 EchoKvService::Unary* EchoKvService::GetServerInfo(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
                                                    grpc::ByteBuffer* out) {
@@ -601,7 +574,7 @@ EchoKvService::Unary* EchoKvService::GetServerInfo(grpc::CallbackServerContext* 
   const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request, Slot::kNone);
   if (!caller) return reactor;
   pb::ServerInfo* response = reactor->response();
-  const ServerFacts& f = engine_->facts();
+  const ServerFacts& f = sessions_->facts();
   response->set_version(f.version);
   pb::ModelInfo* m = response->mutable_model();
   m->set_model_type(f.model_type);
@@ -635,7 +608,7 @@ EchoKvService::Unary* EchoKvService::GetServerInfo(grpc::CallbackServerContext* 
   response->set_durable(f.durable);
   // A tenant sees its own sessions only (the server-wide figures are the operator's, on
   // /metrics); without authentication every session is everyone's (docs/API.md).
-  const StoreTotals totals = tokens_ == nullptr ? engine_->Totals() : engine_->TotalsOf(caller->tenant);
+  const StoreTotals totals = tokens_ == nullptr ? sessions_->Totals() : sessions_->TotalsOf(caller->tenant);
   response->set_live_sessions(totals.sessions);
   response->set_live_retained_kv_bytes(totals.hot_bytes);
   response->set_live_cold_kv_bytes(totals.cold_bytes);
@@ -650,7 +623,7 @@ EchoKvService::Stream* EchoKvService::CreateSession(grpc::CallbackServerContext*
   const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request_msg, Slot::kTake);
   if (!caller) return reactor;
   absl::StatusOr<compression::CompressionConfig> cfg =
-      ToConfig(request->compression(), engine_->facts().default_compression);
+      ToConfig(request->compression(), sessions_->facts().default_compression);
   if (!cfg.ok()) {
     reactor->Close(cfg.status());
     return reactor;
@@ -668,7 +641,7 @@ EchoKvService::Stream* EchoKvService::CreateSession(grpc::CallbackServerContext*
     req.memory = *memory;
   }
   req.ttl = ToTtl(request->has_ttl_seconds(), request->ttl_seconds());
-  engine_->CreateSession(std::move(req), reactor->cancel(), ProgressToStream(reactor), SessionToStream(reactor));
+  sessions_->Create(std::move(req), reactor->cancel(), ProgressToStream(reactor), SessionToStream(reactor));
   return reactor;
 }
 
@@ -682,7 +655,7 @@ EchoKvService::Stream* EchoKvService::AppendToSession(grpc::CallbackServerContex
   req.caller = *caller;
   req.session_id = request->session_id();
   req.input = ToInput(request->input());
-  engine_->AppendToSession(std::move(req), reactor->cancel(), ProgressToStream(reactor), SessionToStream(reactor));
+  sessions_->Append(std::move(req), reactor->cancel(), ProgressToStream(reactor), SessionToStream(reactor));
   return reactor;
 }
 
@@ -692,7 +665,7 @@ EchoKvService::Stream* EchoKvService::Generate(grpc::CallbackServerContext* ctx,
   const pb::GenerateRequest* request = &request_msg;
   const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request_msg, Slot::kTake);
   if (!caller) return reactor;
-  const ServerFacts& f = engine_->facts();
+  const ServerFacts& f = sessions_->facts();
   GenerateParams p;
   p.caller = *caller;
   p.session_id = request->session_id();
@@ -730,7 +703,7 @@ EchoKvService::Stream* EchoKvService::Generate(grpc::CallbackServerContext* ctx,
     reactor->Push(std::move(msg));
   };
   sink.backlog = [reactor] { return reactor->Backlog(); };
-  engine_->Generate(
+  sessions_->Generate(
       std::move(p), reactor->cancel(), std::move(sink),
       [reactor](absl::StatusOr<GenerateSummary> s) {
         if (!s.ok()) return reactor->Close(s.status());
@@ -762,7 +735,7 @@ EchoKvService::Unary* EchoKvService::ForkSession(grpc::CallbackServerContext* ct
   const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request_msg, Slot::kNone);
   if (!caller) return reactor;
   pb::Session* response = reactor->response();
-  engine_->ForkSession(*caller, request->session_id(), ToTtl(request->has_ttl_seconds(), request->ttl_seconds()),
+  sessions_->Fork(*caller, request->session_id(), ToTtl(request->has_ttl_seconds(), request->ttl_seconds()),
                        [reactor, response](absl::StatusOr<SessionInfo> s) {
                          if (s.ok()) FillSession(*s, response);
                          reactor->Done(s.status());
@@ -777,23 +750,16 @@ EchoKvService::Unary* EchoKvService::GetSession(grpc::CallbackServerContext* ctx
   const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request_msg, Slot::kNone);
   if (!caller) return reactor;
   pb::Session* response = reactor->response();
-  const bool include_tokens = request_msg.include_tokens();
-  Engine* engine = engine_;
-  const std::string id = request_msg.session_id();
-  const Caller who = *caller;
-  engine_->GetSession(who, id, [reactor, response, include_tokens, engine, who, id](absl::StatusOr<SessionInfo> s) {
-    if (!s.ok() || !include_tokens) {
-      if (s.ok()) FillSession(*s, response);
-      return reactor->Done(s.status());
-    }
-    FillSession(*s, response);
-    engine->SessionTokens(who, id, [reactor, response](absl::StatusOr<std::vector<int>> tokens) {
-      if (tokens.ok()) {
-        for (int t : *tokens) response->add_tokens(t);
-      }
-      reactor->Done(tokens.status());
-    });
-  });
+  sessions_->Get(*caller, request_msg.session_id(), request_msg.include_tokens(),
+                 [reactor, response](absl::StatusOr<SessionView> s) {
+                   if (s.ok()) {
+                     FillSession(s->info, response);
+                     if (s->tokens.has_value()) {
+                       for (int t : *s->tokens) response->add_tokens(t);
+                     }
+                   }
+                   reactor->Done(s.status());
+                 });
   return reactor;
 }
 
@@ -804,7 +770,7 @@ EchoKvService::Unary* EchoKvService::ListSessions(grpc::CallbackServerContext* c
   const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request_msg, Slot::kNone);
   if (!caller) return reactor;
   pb::ListSessionsResponse* response = reactor->response();
-  engine_->ListSessions(*caller, [reactor, response](absl::StatusOr<std::vector<SessionInfo>> s) {
+  sessions_->List(*caller, [reactor, response](absl::StatusOr<std::vector<SessionInfo>> s) {
     if (s.ok()) {
       for (const SessionInfo& info : *s) FillSession(info, response->add_sessions());
     }
@@ -821,7 +787,7 @@ EchoKvService::Unary* EchoKvService::DeleteSession(grpc::CallbackServerContext* 
   const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request_msg, Slot::kNone);
   if (!caller) return reactor;
   pb::DeleteSessionResponse* response = reactor->response();
-  engine_->DeleteSession(*caller, request->session_id(), [reactor, response](absl::StatusOr<int64_t> freed) {
+  sessions_->Delete(*caller, request->session_id(), [reactor, response](absl::StatusOr<int64_t> freed) {
     if (freed.ok()) response->set_freed_kv_bytes(*freed);
     reactor->Done(freed.status());
   });
@@ -836,7 +802,7 @@ EchoKvService::Unary* EchoKvService::InspectCache(grpc::CallbackServerContext* c
   const std::optional<Caller> caller = AdmitCall(this, reactor, ctx, raw, &request_msg, Slot::kNone);
   if (!caller) return reactor;
   pb::InspectCacheResponse* response = reactor->response();
-  engine_->InspectCache(*caller, request->session_id(), request->include_positions(),
+  sessions_->Inspect(*caller, request->session_id(), request->include_positions(),
                         [reactor, response](absl::StatusOr<CacheInspection> c) {
                           if (c.ok()) {
                             FillSession(c->session, response->mutable_session());
@@ -863,12 +829,12 @@ EchoKvService::Unary* EchoKvService::Compress(grpc::CallbackServerContext* ctx, 
   if (!caller) return reactor;
   pb::CompressResponse* response = reactor->response();
   absl::StatusOr<compression::CompressionConfig> cfg =
-      ToConfig(request->compression(), engine_->facts().default_compression);
+      ToConfig(request->compression(), sessions_->facts().default_compression);
   if (!cfg.ok()) {
     reactor->Done(cfg.status());
     return reactor;
   }
-  engine_->Compress(*caller, ToInput(request->input()), *cfg, reactor->cancel(),
+  sessions_->Compress(*caller, ToInput(request->input()), *cfg, reactor->cancel(),
                     [reactor, response](absl::StatusOr<CompressOutcome> c) {
                       if (c.ok()) {
                         FillLayers(c->layers, response->mutable_layers());
@@ -892,7 +858,7 @@ EchoKvService::Stream* EchoKvService::ExportSession(grpc::CallbackServerContext*
     reactor->Push(std::move(chunk));
   };
   sink.backlog = [reactor] { return reactor->Backlog(); };
-  engine_->ExportSession(*caller, request.session_id(), reactor->cancel(), std::move(sink),
+  sessions_->Export(*caller, request.session_id(), reactor->cancel(), std::move(sink),
                          [reactor](absl::StatusOr<int64_t> total) { reactor->Close(total.status()); });
   return reactor;
 }

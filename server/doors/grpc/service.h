@@ -1,6 +1,7 @@
 // The gRPC face of echokv-server: echokv.v1.EchoKV on the callback API (docs/DESIGN.md
 // rule 8). Each call converts its proto to native structs, hands the work to the
-// Engine and returns; the engine's callbacks queue messages on the call's reactor.
+// session layer (server/sessions/sessions.h) and returns; its callbacks queue messages
+// on the call's reactor.
 // One ServerWriteReactor per stream, at most one write in flight, nothing blocks in a
 // reaction, OnCancel sets the job's cancel flag, `delete this` only in OnDone.
 //
@@ -8,9 +9,10 @@
 // parsed by ParseRequest (wire_check.h), so invalid UTF-8 and garbage get our
 // INVALID_ARGUMENT naming the field instead of gRPC's empty UNIMPLEMENTED, and are
 // counted. Every call is authenticated first (CallerFromGrpc, grpc_auth.h); streaming
-// calls then take a fair stream slot (StreamSlots).
+// calls then take a fair stream slot (Sessions::AcquireStream, shared with the HTTP door).
 //
-//   EchoKvService service(engine.get(), metrics.get(), tokens.get(), /*stream_reserve=*/8);
+//   Sessions sessions(engine.get(), metrics.get(), {/*stream_reserve=*/8, quota_of});
+//   EchoKvService service(&sessions, metrics.get(), tokens.get());
 //   grpc::ServerBuilder builder;
 //   builder.RegisterService(&service);
 #ifndef ECHOKV_SERVER_DOORS_GRPC_SERVICE_H_
@@ -23,9 +25,8 @@
 #include "absl/status/status.h"
 #include "proto/echokv/v1/echokv.grpc.pb.h"
 #include "server/doors/auth.h"
-#include "server/engine/engine.h"
 #include "server/metrics.h"
-#include "server/sessions/stream_slots.h"
+#include "server/sessions/sessions.h"
 
 namespace echokv::server {
 
@@ -40,9 +41,9 @@ using EchoKvServiceBase = v1::EchoKV::WithRawCallbackMethod_GetServerInfo<
 
 class EchoKvService final : public EchoKvServiceBase {
  public:
-  // `engine`, `metrics` (may be null) and `tokens` (null = no authentication,
-  // --insecure) must outlive the service. `stream_reserve`: StreamSlots' reserve.
-  EchoKvService(Engine* engine, Metrics* metrics, const TokenStore* tokens = nullptr, int stream_reserve = 0);
+  // `sessions`, `metrics` (may be null) and `tokens` (null = no authentication,
+  // --insecure) must outlive the service.
+  EchoKvService(Sessions* sessions, Metrics* metrics, const TokenStore* tokens = nullptr);
 
   using Unary = grpc::ServerUnaryReactor;
   using Stream = grpc::ServerWriteReactor<grpc::ByteBuffer>;
@@ -67,8 +68,6 @@ class EchoKvService final : public EchoKvServiceBase {
   grpc::ServerReadReactor<grpc::ByteBuffer>* ImportSession(grpc::CallbackServerContext* ctx,
                                                            grpc::ByteBuffer* response) override;
 
-  // Streaming RPCs (and Compress) in flight.
-  int streams_in_flight() const { return slots_.in_flight(); }
   // Calls of this service whose reactor lives (unary ones too; gRPC door only): main's
   // shutdown cuts idle connections once none is left.
   int calls_in_flight() const { return calls_.load(); }
@@ -77,19 +76,13 @@ class EchoKvService final : public EchoKvServiceBase {
 
   // Shared with the reactors (service.cc).
   Metrics* metrics() const { return metrics_; }
-  Engine* engine() const { return engine_; }
+  Sessions* sessions() const { return sessions_; }
   const TokenStore* tokens() const { return tokens_; }
-  // Claims a stream slot for `tenant` (StreamSlots: max_concurrent_streams, the
-  // tenant's max_streams quota, the fair-share reserve); RESOURCE_EXHAUSTED naming
-  // the limit, nothing claimed.
-  absl::Status AcquireStream(const std::string& tenant);
-  void ReleaseStream(const std::string& tenant);
 
  private:
-  Engine* engine_;             // not owned
+  Sessions* sessions_;         // not owned
   Metrics* metrics_;           // not owned; may be null
   const TokenStore* tokens_;   // not owned; null = no authentication
-  StreamSlots slots_;          // streaming calls in flight, per tenant
   std::atomic<int> calls_{0};  // live reactors
 };
 

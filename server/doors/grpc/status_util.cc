@@ -13,6 +13,7 @@ grpc::StatusCode GrpcCode(ErrorKind kind) {
     case ErrorKind::kAlreadyExists: return grpc::StatusCode::ALREADY_EXISTS;
     case ErrorKind::kFailedPrecondition: return grpc::StatusCode::FAILED_PRECONDITION;
     case ErrorKind::kBusy: return grpc::StatusCode::FAILED_PRECONDITION;
+    case ErrorKind::kConversationMismatch: return grpc::StatusCode::FAILED_PRECONDITION;
     case ErrorKind::kAborted: return grpc::StatusCode::ABORTED;
     case ErrorKind::kLimitReached: return grpc::StatusCode::RESOURCE_EXHAUSTED;
     case ErrorKind::kCancelled: return grpc::StatusCode::CANCELLED;

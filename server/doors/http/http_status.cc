@@ -5,6 +5,8 @@
 #include <string>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace echokv::server {
 
@@ -13,6 +15,8 @@ namespace {
 // The request parameter a field names (OpenAiError's param rule).
 std::string ParamOf(absl::string_view field, const OpenAiParamNames& names) {
   const absl::string_view head = field.substr(0, field.find_first_of(".["));
+  // One message of a conversation: input.chat[3] -> messages[3].
+  if (absl::StartsWith(field, "input.chat[")) return absl::StrCat(names.input, field.substr(10));
   if (head == "input") return names.input;
   if (head == "max_tokens") return names.max_tokens;
   if (head == "sampling") return field.size() > head.size() + 1 && field[head.size()] == '.'
@@ -59,6 +63,13 @@ OpenAiErrorShape OpenAiError(ErrorKind kind, absl::string_view field, const Open
       e.http_status = 404;
       e.type = "invalid_request_error";
       break;
+    case ErrorKind::kConversationMismatch:
+      e.http_status = 409;
+      e.type = "invalid_request_error";
+      e.code = "conversation_mismatch";
+      e.param = ParamOf(field, names);
+      e.no_retry = true;
+      break;
     case ErrorKind::kFailedPrecondition:
     case ErrorKind::kBusy:
     case ErrorKind::kAlreadyExists:
@@ -100,6 +111,7 @@ HttpError ToHttpError(const absl::Status& status, const OpenAiParamNames& names)
   e.code = shape.code;
   e.param = shape.param;
   e.retry_after_s = shape.retry_after_s;
+  e.no_retry = shape.no_retry;
   e.message = std::string(status.message());
   return e;
 }

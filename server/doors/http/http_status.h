@@ -53,12 +53,15 @@ struct OpenAiParamNames {
 //   kPermissionDenied                                403 permission_error
 //   kNotFound                                        404 invalid_request_error
 //   kFailedPrecondition, kBusy, kAlreadyExists, kAborted   409 invalid_request_error (conflict)
+//   kConversationMismatch                            409 invalid_request_error, code
+//                                                        conversation_mismatch, param
+//                                                        messages[i] (input.chat[i]), no_retry
 //   kLimitReached                                    429 rate_limit_error (a server limit)
 //   kCancelled, kUnavailable                         503 server_error (shutting down, cancelled by the server)
 //   kDeadlineExceeded                                504 server_error
 //   kInternal, kUnknown, kDataLoss                   500 server_error
 // `code` is the lower-case canonical name of the kind's status code ("not_found"),
-// except context_length_exceeded. 429 and 503 carry retry_after_s = 1. `param`, for
+// except context_length_exceeded and conversation_mismatch. 429 and 503 carry retry_after_s = 1. `param`, for
 // kInvalidArgument and kUnimplemented only, from the field: input* -> names.input,
 // max_tokens -> names.max_tokens, sampling.X -> X, stop* -> stop, stop_token_ids* ->
 // stop_token_ids, compression* -> echokv, ttl_seconds -> echokv.ttl_seconds, echokv.X
@@ -69,6 +72,7 @@ struct OpenAiErrorShape {
   std::string code;
   std::string param;   // "" = null
   int retry_after_s = 0;
+  bool no_retry = false;  // x-should-retry: false (the same request fails again)
 };
 OpenAiErrorShape OpenAiError(ErrorKind kind, absl::string_view field, const OpenAiParamNames& names = {});
 

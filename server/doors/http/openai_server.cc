@@ -35,42 +35,42 @@ constexpr char kJson[] = "application/json";
 // How often an idle stream checks that its client is still there.
 constexpr absl::Duration kStreamPoll = absl::Milliseconds(100);
 
-// The result of one engine call, waited for on an HTTP worker. The callback owns a
-// reference to the state, so the waiter may go first.
-template <typename T>
-class Result {
- public:
-  DoneFn<T> Callback() const {
-    return [st = state_](absl::StatusOr<T> v) {
-      absl::MutexLock lock(&st->mu);
-      st->value = std::move(v);
-      st->done = true;
-    };
-  }
-  absl::StatusOr<T> Wait() const {
-    absl::MutexLock lock(&state_->mu);
-    state_->mu.Await(absl::Condition(&state_->done));
-    return std::move(state_->value);
-  }
-
- private:
-  struct State {
-    absl::Mutex mu;
-    bool done ABSL_GUARDED_BY(mu) = false;
-    absl::StatusOr<T> value ABSL_GUARDED_BY(mu) = absl::UnknownError("no result");
-  };
-  std::shared_ptr<State> state_ = std::make_shared<State>();
-};
-
-// One Generate: the engine's deltas queue here (engine thread) and the HTTP worker
+// One completion's generation: its deltas queue here (engine thread) and the HTTP worker
 // takes them. For streams, backlog() = deltas queued + those being written: what the
 // client has not taken yet, so the scheduler skips a slow reader instead of queueing
 // without bound (EngineLimits::max_stream_backlog).
 class Generation : public std::enable_shared_from_this<Generation> {
  public:
-  Generation(Engine* engine, int max_backlog) : engine_(engine), max_backlog_(max_backlog) {}
+  Generation(Sessions* sessions, int max_backlog) : sessions_(sessions), max_backlog_(max_backlog) {}
 
-  CancelFlag cancel() const { return cancel_; }
+  // The completion this generation belongs to (Sessions::Complete's handle).
+  void set_completion(std::shared_ptr<Completion> c) {
+    absl::MutexLock lock(&mu_);
+    completion_ = std::move(c);
+  }
+  // The client does not get the whole reply (Completion::Abandon).
+  void Abandon() {
+    std::shared_ptr<Completion> c;
+    {
+      absl::MutexLock lock(&mu_);
+      c = completion_;
+    }
+    if (c != nullptr) c->Abandon();
+  }
+
+  std::function<void(const std::string&)> OnSession() {
+    return [self = shared_from_this()](const std::string& id) {
+      absl::MutexLock lock(&self->mu_);
+      self->session_id_ = id;
+    };
+  }
+  // Blocks until the session is known or the generation ended (creating it failed);
+  // returns the session's id, "" for the latter.
+  std::string WaitSession() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &Generation::SessionKnownOrDone));
+    return session_id_;
+  }
 
   StreamSink Sink(bool streaming) {
     StreamSink sink;
@@ -135,7 +135,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
       writing_ = 0;
       held_back_ = false;
     }
-    if (wake) engine_->Wake();  // the scheduler may have skipped this stream
+    if (wake) sessions_->Wake();  // the scheduler may have skipped this stream
   }
 
   // Blocks until the engine finished; returns its result and every delta not taken.
@@ -156,11 +156,13 @@ class Generation : public std::enable_shared_from_this<Generation> {
 
  private:
   bool HasEvent() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || done_; }
+  bool SessionKnownOrDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !session_id_.empty() || done_; }
 
-  Engine* engine_;                 // not owned
+  Sessions* sessions_;             // not owned
   const int max_backlog_;          // EngineLimits::max_stream_backlog
-  CancelFlag cancel_ = std::make_shared<std::atomic<bool>>(false);
   absl::Mutex mu_;
+  std::shared_ptr<Completion> completion_ ABSL_GUARDED_BY(mu_);
+  std::string session_id_ ABSL_GUARDED_BY(mu_);             // Sessions::Complete's on_session
   std::deque<GenerateDelta> queue_ ABSL_GUARDED_BY(mu_);   // deltas not yet taken
   int writing_ ABSL_GUARDED_BY(mu_) = 0;                   // taken, being written
   bool held_back_ ABSL_GUARDED_BY(mu_) = false;            // the queue was at the backlog limit
@@ -187,10 +189,9 @@ uint64_t RandomSeed() {
 
 class OpenAiServer::Impl {
  public:
-  Engine* engine = nullptr;                   // not owned
+  Sessions* sessions = nullptr;               // not owned
   Metrics* metrics = nullptr;                 // not owned; may be null
   OpenAiConfig config;
-  DoorSlots slots;
   std::string model_name;                     // the served id
   int64_t created = 0;                        // Unix seconds at start (GET /v1/models)
   std::unique_ptr<openai::TokenTable> tokens; // logprobs token strings
@@ -200,21 +201,16 @@ class OpenAiServer::Impl {
   std::unique_ptr<HttpListener> listener;
 
   // One completion request from parse to the last byte; the destructor (on an HTTP
-  // worker, after the engine finished) deletes a temporary session, frees the slot
-  // and counts the request.
+  // worker, after the generation ended) frees the stream slot and counts the request.
   struct Call {
     Impl* impl;
     const char* route;
     Caller caller;
-    bool slot = false;               // holds a DoorSlots slot of caller.tenant
-    std::string temporary_session;   // deleted at the end
+    bool slot = false;               // holds a stream slot of caller.tenant (Sessions)
     int status = 200;                // for metrics (499: the client left mid-stream)
     Call(Impl* i, const char* r) : impl(i), route(r) { impl->in_flight.fetch_add(1); }
     ~Call() {
-      if (!temporary_session.empty()) {
-        impl->engine->DeleteSession(caller, temporary_session, [](absl::StatusOr<int64_t>) {});
-      }
-      if (slot && impl->slots.release) impl->slots.release(caller.tenant);
+      if (slot) impl->sessions->ReleaseStream(caller.tenant);
       if (impl->metrics != nullptr && route != nullptr) impl->metrics->OnHttpRequest(route, status);
       impl->in_flight.fetch_sub(1);
     }
@@ -241,13 +237,6 @@ class OpenAiServer::Impl {
     return false;
   }
   absl::StatusOr<compression::CompressionConfig> ConfigFrom(const openai::EchokvOptions& o) const;
-  // Creates the session the request runs on, or checks the one it continues. Sets
-  // `session_id`, `commit` and, for a continued session, the input `append` the
-  // generation appends first, in one unit with it (GenerateParams::input: nothing
-  // changes unless the whole request succeeds); false with `error` set on failure.
-  bool PrepareSession(Call* call, ApiKind kind, const SessionRef& ref, InputSpec input,
-                      const openai::EchokvOptions& options, std::string* session_id, bool* commit,
-                      std::optional<InputSpec>* append, HttpError* error);
   void Complete(const httplib::Request& req, httplib::Response& res, ApiKind kind, const GenerationRequest& gen,
                 InputSpec input, std::shared_ptr<Call> call);
   void HandleChat(const httplib::Request& req, httplib::Response& res);
@@ -264,13 +253,13 @@ class OpenAiServer::Impl {
 };
 
 absl::StatusOr<compression::CompressionConfig> OpenAiServer::Impl::ConfigFrom(const openai::EchokvOptions& o) const {
-  compression::CompressionConfig cfg = engine->facts().default_compression;
+  compression::CompressionConfig cfg = sessions->facts().default_compression;
   if (o.policy.has_value()) {
     absl::StatusOr<compression::PolicyKind> kind = compression::ParsePolicyKind(*o.policy);
     if (!kind.ok()) {
       return MakeError(ErrorKind::kInvalidArgument, "echokv.policy",
                        absl::StrCat("echokv.policy: unknown policy ", EchoPrefix(*o.policy), "; one of ",
-                                    absl::StrJoin(engine->facts().policies, ", ")));
+                                    absl::StrJoin(sessions->facts().policies, ", ")));
     }
     cfg.policy = *kind;
   }
@@ -295,95 +284,6 @@ bool OpenAiServer::Impl::Admit(const httplib::Request& req, httplib::Response& r
   return true;
 }
 
-bool OpenAiServer::Impl::PrepareSession(Call* call, ApiKind kind, const SessionRef& ref, InputSpec input,
-                                        const openai::EchokvOptions& options, std::string* session_id, bool* commit,
-                                        std::optional<InputSpec>* append, HttpError* error) {
-  if (ref.mode != SessionRef::Mode::kContinue) {
-    CreateRequest cr;
-    cr.caller = call->caller;
-    absl::StatusOr<compression::CompressionConfig> cfg = ConfigFrom(options);
-    if (!cfg.ok()) {
-      *error = EngineError(cfg.status(), kind, "");
-      return false;
-    }
-    cr.config = *cfg;
-    if (options.memory.has_value()) {
-      absl::StatusOr<MemoryMode> m = ParseMemoryMode(*options.memory);
-      if (!m.ok()) {
-        *error = InvalidParam("echokv.memory", absl::StrCat("echokv.memory: ", m.status().message()));
-        return false;
-      }
-      cr.memory = *m;
-    }
-    if (options.ttl_seconds.has_value()) cr.ttl = absl::Seconds(*options.ttl_seconds);
-    cr.input = std::move(input);
-    Result<SessionInfo> created;
-    engine->CreateSession(std::move(cr), nullptr, nullptr, created.Callback());
-    absl::StatusOr<SessionInfo> info = created.Wait();
-    if (!info.ok()) {
-      *error = EngineError(info.status(), kind, "");  // ttl_seconds: param echokv.ttl_seconds
-      return false;
-    }
-    *session_id = info->id;
-    *commit = ref.mode == SessionRef::Mode::kNew;
-    if (ref.mode == SessionRef::Mode::kStateless) call->temporary_session = info->id;
-    return true;
-  }
-
-  // Continue: the session must exist; chat appends only what it has not seen.
-  *session_id = ref.id;
-  *commit = true;
-  Result<SessionInfo> got;
-  engine->GetSession(call->caller, ref.id, got.Callback());
-  absl::StatusOr<SessionInfo> info = got.Wait();
-  if (!info.ok()) {
-    *error = EngineError(info.status(), kind, "");
-    if (info.status().code() == absl::StatusCode::kNotFound) error->code = "session_not_found";
-    return false;
-  }
-  bool has_input = true;
-  if (input.kind == InputSpec::Kind::kChat) {
-    const std::vector<model::ChatMessage>& stored = info->messages;
-    const std::vector<model::ChatMessage>& sent = input.chat;
-    // OpenAI clients send the whole conversation every time: the session's stored
-    // conversation must be its beginning.
-    for (size_t i = 0; i < stored.size(); ++i) {
-      if (i >= sent.size()) {
-        *error = ToHttpError(absl::FailedPreconditionError(absl::StrCat(
-            "messages: the session holds a conversation of ", stored.size(), " messages; the request sends ",
-            sent.size(), ". Send the whole conversation (the session's messages, then the new ones)")));
-        error->param = "messages";
-        error->code = "conversation_mismatch";
-        error->no_retry = true;  // the same request fails again (x-should-retry: false)
-        return false;
-      }
-      if (stored[i].role != sent[i].role || stored[i].content != sent[i].content) {
-        *error = ToHttpError(absl::FailedPreconditionError(absl::StrCat(
-            "messages[", i, "] (", sent[i].role, ") differs from message ", i, " of the session's conversation (",
-            stored[i].role, "); a session's conversation cannot be edited: send it unchanged, then the new "
-            "messages, or start a new session")));
-        error->param = absl::StrCat("messages[", i, "]");
-        error->code = "conversation_mismatch";
-        error->no_retry = true;  // the same request fails again (x-should-retry: false)
-        return false;
-      }
-    }
-    input.chat.erase(input.chat.begin(), input.chat.begin() + static_cast<std::ptrdiff_t>(stored.size()));
-    if (input.chat.empty()) {
-      if (!stored.empty() && stored.back().role == "assistant") {
-        *error = InvalidParam("messages", "messages: nothing new after the session's conversation, which ends with "
-                                          "the assistant's reply; add a user message");
-        return false;
-      }
-      has_input = false;  // e.g. a session created with the question and the generation prompt
-    }
-  } else if (input.kind == InputSpec::Kind::kText) {
-    has_input = !input.text.empty();  // "" continues generating where the session ends
-  }
-  if (has_input) *append = std::move(input);
-  return true;
-}
-
 void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response& res, ApiKind kind,
                                   const GenerationRequest& gen, InputSpec input, std::shared_ptr<Call> call) {
   HttpError err;
@@ -392,7 +292,7 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
   if (!openai::ResolveSession(gen.session_id, req.get_header_value(kSessionHeader), &ref, &err)) {
     return Reply(call.get(), res, err);
   }
-  const ServerFacts& facts = engine->facts();
+  const ServerFacts& facts = sessions->facts();
   if (gen.max_tokens.has_value() && *gen.max_tokens > facts.limits.max_new_tokens) {
     return Reply(call.get(), res,
                  InvalidParam(gen.max_tokens_param,
@@ -400,46 +300,38 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
                                                    facts.limits.max_new_tokens, " (the server's max_new_tokens), not ",
                                                    *gen.max_tokens)));
   }
-  if (slots.acquire) {
-    if (absl::Status s = slots.acquire(call->caller.tenant); !s.ok()) {
-      return Reply(call.get(), res, ToHttpError(s));
+  // The request, in the session layer's terms: which session it runs on and how.
+  CompletionRequest c;
+  c.caller = call->caller;
+  switch (ref.mode) {
+    case SessionRef::Mode::kStateless: c.session = CompletionRequest::Session::kStateless; break;
+    case SessionRef::Mode::kNew: c.session = CompletionRequest::Session::kNew; break;
+    case SessionRef::Mode::kContinue:
+      c.session = CompletionRequest::Session::kContinue;
+      c.session_id = ref.id;
+      break;
+  }
+  if (c.session != CompletionRequest::Session::kContinue) {
+    absl::StatusOr<compression::CompressionConfig> cfg = ConfigFrom(gen.echokv);
+    if (!cfg.ok()) return Reply(call.get(), res, EngineError(cfg.status(), kind, ""));
+    c.config = *cfg;
+    if (gen.echokv.memory.has_value()) {
+      absl::StatusOr<MemoryMode> m = ParseMemoryMode(*gen.echokv.memory);
+      if (!m.ok()) {
+        return Reply(call.get(), res,
+                     InvalidParam("echokv.memory", absl::StrCat("echokv.memory: ", m.status().message())));
+      }
+      c.memory = *m;
     }
-    call->slot = true;
+    if (gen.echokv.ttl_seconds.has_value()) c.ttl = absl::Seconds(*gen.echokv.ttl_seconds);
   }
-
-  std::string session_id;
-  bool commit = false;
-  std::optional<InputSpec> append;
-  if (!PrepareSession(call.get(), kind, ref, std::move(input), gen.echokv, &session_id, &commit, &append, &err)) {
-    return Reply(call.get(), res, err);
-  }
-  const bool keep = ref.mode != SessionRef::Mode::kStateless;
-  // A request is one unit: a continued session changes only when it succeeds (its input
-  // is appended with the reply, GenerateParams::input); a session it created is deleted
-  // again when the generation is refused, fails or the client leaves.
-  const bool created = ref.mode == SessionRef::Mode::kNew;
-  auto undo = [call, created, session_id, &res] {
-    if (!created) return;
-    call->temporary_session = session_id;
-    res.headers.erase(kSessionHeader);
-  };
-  // An error before the first token (the input's append runs in the engine now).
-  auto refused = [kind](const absl::Status& s, const std::string& max_param) {
-    HttpError e = EngineError(s, kind, max_param);
-    if (s.code() == absl::StatusCode::kNotFound) e.code = "session_not_found";
-    return e;
-  };
-
-  GenerateParams p;
-  p.caller = call->caller;
-  p.session_id = session_id;
-  p.commit = commit;
+  c.input = std::move(input);  // chat: the whole conversation (Sessions::Complete)
+  GenerateParams& p = c.generate;
   p.sampling = gen.sampling;
   p.sampling.seed = gen.seed.has_value() ? *gen.seed : RandomSeed();
   p.stop = gen.stop;
   p.stop_ids = gen.stop_token_ids;
   p.ignore_eos = gen.ignore_eos;
-  p.input = std::move(append);
   if (gen.max_tokens.has_value()) {
     p.max_tokens = *gen.max_tokens;
   } else {
@@ -449,17 +341,39 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
     p.fit_max_tokens = true;
   }
 
+  if (absl::Status s = sessions->AcquireStream(call->caller.tenant); !s.ok()) {
+    return Reply(call.get(), res, ToHttpError(s));
+  }
+  call->slot = true;
+
+  // A request is one unit (Sessions::Complete): a continued session changes only when
+  // it succeeds; a session it created is deleted again when the generation is refused,
+  // fails or the client leaves (Generation::Abandon).
+  const bool keep = ref.mode != SessionRef::Mode::kStateless;
+  // An error before the first token.
+  auto refused = [kind](const absl::Status& s, const std::string& max_param) {
+    HttpError e = EngineError(s, kind, max_param);
+    if (s.code() == absl::StatusCode::kNotFound) e.code = "session_not_found";
+    return e;
+  };
+
+  auto generation = std::make_shared<Generation>(sessions, facts.limits.max_stream_backlog);
+  generation->set_completion(
+      sessions->Complete(std::move(c), generation->Sink(gen.stream), generation->OnSession(), generation->Done()));
+  const std::string session_id = generation->WaitSession();  // "" when creating it failed
+
   ResponseBuilder builder(kind, openai::NewResponseId(kind), absl::ToUnixSeconds(absl::Now()), model_name,
                           tokens.get());
   builder.set_logprobs(gen.sampling.logprobs);
   builder.set_include_usage(gen.include_usage);
-  if (keep) {
+  if (keep && !session_id.empty()) {
     builder.set_session_id(session_id);
     res.set_header(kSessionHeader, session_id);
   }
-
-  auto generation = std::make_shared<Generation>(engine, facts.limits.max_stream_backlog);
-  engine->Generate(std::move(p), generation->cancel(), generation->Sink(gen.stream), generation->Done());
+  // A refused request names no session (one it created is gone again).
+  auto undo = [&res, created = ref.mode == SessionRef::Mode::kNew] {
+    if (created) res.headers.erase(kSessionHeader);
+  };
   const std::string max_param = gen.max_tokens_param;
 
   if (!gen.stream) {
@@ -489,7 +403,6 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
       return Reply(call.get(), res, refused(r.status(), max_param));
     }
   }
-  const std::string undo_id = created ? session_id : "";
   struct StreamState {
     ResponseBuilder builder;
     bool first = true;
@@ -503,7 +416,7 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
   // "text/event-stream" exactly: httplib never compresses it (events flush at once).
   res.set_chunked_content_provider(
       "text/event-stream",
-      [generation, state, kind, max_param, include_usage, call, undo_id](size_t, httplib::DataSink& sink) -> bool {
+      [generation, state, kind, max_param, include_usage, call](size_t, httplib::DataSink& sink) -> bool {
         std::string out;
         if (state->first) {
           state->first = false;
@@ -513,7 +426,7 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
         if (call->impl->stopping.load()) {
           // Stop (SIGTERM): what is still queued for a slow reader is dropped; the stream
           // ends with an explicit error event and [DONE], never a bare close.
-          generation->cancel()->store(true);
+          generation->Abandon();
           const HttpError e = ToHttpError(absl::UnavailableError("the server is shutting down; the stream ends here"));
           call->status = e.status;
           out += openai::SseEvent(HttpErrorJson(e));
@@ -540,8 +453,7 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
               }
             } else {
               const HttpError e = EngineError(r.status(), kind, max_param);
-              call->status = e.status;
-              if (!undo_id.empty()) call->temporary_session = undo_id;  // the request failed: no session
+              call->status = e.status;  // a session the request created is gone (Sessions::Complete)
               out += openai::SseEvent(HttpErrorJson(e));
             }
             out += std::string(openai::kSseDone);
@@ -556,16 +468,15 @@ void OpenAiServer::Impl::Complete(const httplib::Request& req, httplib::Response
         }
         return false;
       },
-      [generation, state, call, undo_id](bool) {
+      [generation, state, call](bool) {
         if (!state->delivered) {
           // The client left (or the server is stopping): stop the generation; a
           // commit is rolled back by the engine (with a continued session's input),
           // a session the request created is deleted.
-          generation->cancel()->store(true);
+          generation->Abandon();
           if (call->status == 200) call->status = 499;
-          if (!undo_id.empty()) call->temporary_session = undo_id;
         }
-        (void)generation->WaitEnd();  // before `call` deletes a temporary session
+        (void)generation->WaitEnd();  // before `call` gives the stream slot back
       });
 }
 
@@ -574,7 +485,7 @@ void OpenAiServer::Impl::HandleChat(const httplib::Request& req, httplib::Respon
   if (!Admit(req, res, call.get())) return;
   openai::ChatRequest cr;
   HttpError err;
-  if (!openai::ParseChatRequest(req.body, &cr, &err, engine->facts().limits.max_new_tokens)) {
+  if (!openai::ParseChatRequest(req.body, &cr, &err, sessions->facts().limits.max_new_tokens)) {
     return Reply(call.get(), res, err);
   }
   InputSpec input;
@@ -589,7 +500,7 @@ void OpenAiServer::Impl::HandleCompletion(const httplib::Request& req, httplib::
   if (!Admit(req, res, call.get())) return;
   openai::CompletionRequest cr;
   HttpError err;
-  if (!openai::ParseCompletionRequest(req.body, &cr, &err, engine->facts().limits.max_new_tokens)) {
+  if (!openai::ParseCompletionRequest(req.body, &cr, &err, sessions->facts().limits.max_new_tokens)) {
     return Reply(call.get(), res, err);
   }
   if (cr.prompts.size() > 1) return CompleteMany(req, res, std::move(cr), std::move(call));
@@ -828,7 +739,7 @@ void OpenAiServer::Impl::Routes(httplib::Server& s) {
     if (metrics != nullptr) metrics->OnHttpRequest("/v1/models", res.status < 0 ? 200 : res.status);
   });
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    const EngineHealth h = engine->Health();
+    const EngineHealth h = sessions->Health();
     const char* status = draining.load()     ? "draining"
                          : h.serving          ? "ok"
                          : !h.state_writable  ? "state_unwritable"
@@ -894,20 +805,17 @@ void OpenAiServer::Impl::Routes(httplib::Server& s) {
 OpenAiServer::OpenAiServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 OpenAiServer::~OpenAiServer() { Stop(); }
 
-absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Engine* engine, Metrics* metrics,
-                                                                  const OpenAiConfig& config, DoorSlots slots) {
-  if (engine == nullptr) return absl::InvalidArgumentError("OpenAiServer: an engine is required");
-  if (static_cast<bool>(slots.acquire) != static_cast<bool>(slots.release)) {
-    return absl::InvalidArgumentError("OpenAiServer: DoorSlots needs both acquire and release, or neither");
-  }
+absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Sessions* sessions,
+                                                                  const model::Tokenizer& tokenizer, Metrics* metrics,
+                                                                  const OpenAiConfig& config) {
+  if (sessions == nullptr) return absl::InvalidArgumentError("OpenAiServer: the session layer is required");
   auto impl = std::make_unique<Impl>();
-  impl->engine = engine;
+  impl->sessions = sessions;
   impl->metrics = metrics;
   impl->config = config;
-  impl->slots = std::move(slots);
-  impl->model_name = config.model_name.empty() ? engine->facts().model_name : config.model_name;
+  impl->model_name = config.model_name.empty() ? sessions->facts().model_name : config.model_name;
   impl->created = absl::ToUnixSeconds(absl::Now());
-  impl->tokens = std::make_unique<openai::TokenTable>(engine->tokenizer());
+  impl->tokens = std::make_unique<openai::TokenTable>(tokenizer);
   Impl* raw = impl.get();
   HttpOptions http = config.http;
   http.gate = [raw](const HttpRequestHead& head) { return raw->Gate(head); };

@@ -1,5 +1,5 @@
-// echokv-server's second door: an OpenAI-compatible HTTP API on the same Engine as the
-// gRPC service (docs/API.md, "HTTP API"), on cpp-httplib with its own port behind the
+// echokv-server's second door: an OpenAI-compatible HTTP API on the same session layer
+// (server/sessions/sessions.h) as the gRPC service (docs/API.md, "HTTP API"), on cpp-httplib with its own port behind the
 // front of server/doors/http/http_util.h (head deadline, connection caps, a growing worker pool).
 // Its gate checks the bearer token on the headers, before any body byte is read
 // (docs/SECURITY.md, "Limits on an unauthenticated HTTP client").
@@ -21,7 +21,7 @@
 // Nothing here runs on the engine thread except the callbacks, which only queue.
 //
 //   OpenAiConfig cfg;  cfg.host = "0.0.0.0";  cfg.port = 8080;
-//   ECHOKV_ASSIGN_OR_RETURN(auto http, OpenAiServer::Start(engine.get(), metrics.get(), cfg, slots));
+//   ECHOKV_ASSIGN_OR_RETURN(auto http, OpenAiServer::Start(&sessions, engine->tokenizer(), metrics.get(), cfg));
 //   ... http->Drain();  engine->Shutdown();  http->Stop();
 #ifndef ECHOKV_SERVER_DOORS_HTTP_OPENAI_SERVER_H_
 #define ECHOKV_SERVER_DOORS_HTTP_OPENAI_SERVER_H_
@@ -32,7 +32,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/doors/auth.h"
-#include "server/engine/engine.h"
+#include "server/sessions/sessions.h"
 #include "server/doors/http/http_util.h"
 #include "server/metrics.h"
 
@@ -50,19 +50,13 @@ struct OpenAiConfig {
   const TokenStore* tokens = nullptr;
 };
 
-// Admission shared with the gRPC door (max_concurrent_streams, the tenant's max_streams,
-// the fair-share reserve: server/sessions/stream_slots.h): every completion request holds a slot
-// of its tenant while it runs. Both empty: no limit here.
-struct DoorSlots {
-  std::function<absl::Status(const std::string& tenant)> acquire;  // RESOURCE_EXHAUSTED (-> 429)
-  std::function<void(const std::string& tenant)> release;
-};
-
 class OpenAiServer {
  public:
-  // `engine` and `metrics` (may be null) must outlive the server.
-  static absl::StatusOr<std::unique_ptr<OpenAiServer>> Start(Engine* engine, Metrics* metrics,
-                                                             const OpenAiConfig& config, DoorSlots slots);
+  // `sessions`, `tokenizer` (logprobs' token strings) and `metrics` (may be null) must
+  // outlive the server. Every completion holds one of the session layer's stream slots
+  // while it runs (shared with the gRPC door).
+  static absl::StatusOr<std::unique_ptr<OpenAiServer>> Start(Sessions* sessions, const model::Tokenizer& tokenizer,
+                                                             Metrics* metrics, const OpenAiConfig& config);
   ~OpenAiServer();  // Stop()
   OpenAiServer(const OpenAiServer&) = delete;
   OpenAiServer& operator=(const OpenAiServer&) = delete;
