@@ -302,13 +302,13 @@ void Engine::Impl::FinishStream(std::unique_ptr<Stream> s) {
   PendingPrompt* prompt = s->prompt();  // GenerateParams::input: committed with the reply
   if (tokens.empty() && prompt == nullptr) {
     store->Release(id);
-    absl::StatusOr<SessionMeta> meta = store->Get(id, tenant, true);
-    if (meta.ok()) summary.session = Info(*meta);
+    absl::StatusOr<SessionInfo> meta = store->Get(id, tenant, true);
+    if (meta.ok()) summary.session = *meta;
     s->Finish(std::move(summary));
     return;
   }
-  absl::StatusOr<SessionMeta> meta =
-      prompt != nullptr ? absl::StatusOr<SessionMeta>(prompt->meta) : store->Get(id, tenant, false);
+  absl::StatusOr<SessionInfo> meta =
+      prompt != nullptr ? absl::StatusOr<SessionInfo>(prompt->meta) : store->Get(id, tenant, false);
   if (!meta.ok()) return FailStream(*s, meta.status());
   if (meta->messages.empty() || !chat.has_value()) {
     return StartCommit(std::move(s), std::move(summary), std::move(tokens), {});
@@ -363,8 +363,8 @@ void Engine::Impl::StartCommit(std::unique_ptr<Stream> s, GenerateSummary summar
   const std::string id = s->params().session_id;
   const std::string tenant = s->params().caller.tenant;
   const PendingPrompt* prompt = s->prompt();  // the base is the session with the prompt
-  absl::StatusOr<SessionMeta> meta =
-      prompt != nullptr ? absl::StatusOr<SessionMeta>(prompt->meta) : store->Get(id, tenant, false);
+  absl::StatusOr<SessionInfo> meta =
+      prompt != nullptr ? absl::StatusOr<SessionInfo>(prompt->meta) : store->Get(id, tenant, false);
   absl::StatusOr<std::shared_ptr<SessionData>> data =
       prompt != nullptr ? absl::StatusOr<std::shared_ptr<SessionData>>(prompt->data) : SessionDataFor(id, tenant);
   if (!meta.ok() || !data.ok()) {
@@ -456,7 +456,7 @@ void Engine::Impl::CompleteJob(ActiveJob& j) {
     }
     case TurnKind::kCreate: {
       std::shared_ptr<SessionData> data = t.TakeSessionData();
-      SessionMeta meta = BuildMeta(j, *data);
+      SessionInfo meta = BuildMeta(j, *data);
       const std::string id = j.reservation->id;
       if (absl::Status s = store->Insert(*j.reservation, meta, std::move(data)); !s.ok()) {
         Reject(s);
@@ -466,15 +466,15 @@ void Engine::Impl::CompleteJob(ActiveJob& j) {
       }
       t.Committed();
       if (observer != nullptr) observer->OnSessionCreated();
-      absl::StatusOr<SessionMeta> now = store->Get(id, j.caller.tenant, false);
-      j.session_done(now.ok() ? absl::StatusOr<SessionInfo>(Info(*now)) : now.status());
+      absl::StatusOr<SessionInfo> now = store->Get(id, j.caller.tenant, false);
+      j.session_done(now.ok() ? absl::StatusOr<SessionInfo>(*now) : now.status());
       return;
     }
     case TurnKind::kAppend:
     case TurnKind::kCommit: {
       if (j.then_generate != nullptr) return StartPromptedStream(j);  // committed with the reply
       std::shared_ptr<SessionData> data = t.TakeSessionData();
-      SessionMeta meta = BuildMeta(j, *data);
+      SessionInfo meta = BuildMeta(j, *data);
       absl::Status s = store->Commit(j.session_id, meta, std::move(data));
       if (!s.ok()) {
         Reject(s);
@@ -483,9 +483,9 @@ void Engine::Impl::CompleteJob(ActiveJob& j) {
       }
       t.Committed();
       if (j.stream != nullptr && j.stream->prompt() != nullptr) j.stream->prompt()->turn->Committed();
-      absl::StatusOr<SessionMeta> now = store->Get(j.session_id, j.caller.tenant, false);
+      absl::StatusOr<SessionInfo> now = store->Get(j.session_id, j.caller.tenant, false);
       absl::StatusOr<SessionInfo> info =
-          now.ok() ? absl::StatusOr<SessionInfo>(Info(*now)) : absl::StatusOr<SessionInfo>(now.status());
+          now.ok() ? absl::StatusOr<SessionInfo>(*now) : absl::StatusOr<SessionInfo>(now.status());
       if (t.spec().kind == TurnKind::kAppend) {
         j.session_done(std::move(info));
       } else {

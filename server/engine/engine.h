@@ -138,23 +138,7 @@ struct ServerFacts {
   bool durable = false;           // sessions survive restarts (--state_dir)
 };
 
-struct SessionInfo {
-  std::string id;
-  MemoryMode memory = MemoryMode::kEvict;
-  int64_t tokens_seen = 0;
-  int64_t retained_entries = 0;
-  int64_t retained_kv_bytes = 0;   // hot bytes
-  int64_t full_kv_bytes = 0;       // full cache of tokens_seen tokens
-  int64_t cold_kv_bytes = 0;       // exact history (tiered)
-  compression::CompressionConfig config;  // workspace resolved
-  compression::CompressionReport last_report;
-  absl::Time created;
-  absl::Time last_used;
-  absl::Duration ttl;
-  bool busy = false;
-  std::vector<model::ChatMessage> messages;  // chat sessions: the conversation so far
-  std::string tools_json;                    // chat sessions: the tool definitions in use
-};
+// SessionInfo, a session's metadata and stats: server/engine/session_store.h.
 
 struct ProgressEvent {
   std::string phase;   // "tokenize", "prefill" or a policy phase

@@ -85,7 +85,7 @@ void Engine::Impl::AdmitAppend(std::shared_ptr<AppendRequest> req, CancelFlag ca
     done(std::move(status));
   };
   // The session was claimed on the edge; it cannot have changed since.
-  absl::StatusOr<SessionMeta> meta = store->Get(req->session_id, req->caller.tenant, false);
+  absl::StatusOr<SessionInfo> meta = store->Get(req->session_id, req->caller.tenant, false);
   absl::StatusOr<std::shared_ptr<SessionData>> data = SessionDataFor(req->session_id, req->caller.tenant);
   if (!meta.ok() || !data.ok()) return refuse(meta.ok() ? data.status() : meta.status());
   const int64_t max_ctx = facts.limits.max_context_tokens;
@@ -169,7 +169,7 @@ void Engine::Impl::StartPromptedStream(ActiveJob& j) {
 
 void Engine::Impl::AdmitGenerate(std::unique_ptr<Stream> s) {
   const GenerateParams& p = s->params();
-  absl::StatusOr<SessionMeta> meta =
+  absl::StatusOr<SessionInfo> meta =
       p.commit ? store->Claim(p.session_id, p.caller.tenant) : store->Get(p.session_id, p.caller.tenant, true);
   if (!meta.ok()) return s->Finish(meta.status());
   // Positions: the last sampled token is never fed back, so without commit a session
@@ -242,15 +242,15 @@ void Engine::Impl::AdmitCompress(Caller caller, compression::CompressionConfig c
 void Engine::Impl::AdmitFork(Caller caller, std::string session_id, std::optional<absl::Duration> ttl,
                              std::shared_ptr<DoneFn<SessionInfo>> d) {
   // A read of the source: allowed while it is busy; sees its committed state.
-  absl::StatusOr<SessionMeta> meta = store->Get(session_id, caller.tenant, true);
+  absl::StatusOr<SessionInfo> meta = store->Get(session_id, caller.tenant, true);
   if (!meta.ok()) return (*d)(meta.status());
   absl::StatusOr<std::shared_ptr<SessionData>> src = SessionDataFor(session_id, caller.tenant);
   if (!src.ok()) return (*d)(src.status());
   AdmitRequest ask;
   ask.what = Admission::kFork;
   ask.tenant = caller.tenant;
-  ask.hot_bytes = meta->hot_bytes;
-  ask.cold_bytes = meta->cold_bytes;
+  ask.hot_bytes = meta->retained_kv_bytes;
+  ask.cold_bytes = meta->cold_kv_bytes;
   ask.cold_in_memory = meta->cold_in_memory;
   ask.spare = session_id;
   absl::StatusOr<SessionStore::Reservation> r = Admit(ask);
@@ -277,7 +277,7 @@ void Engine::Impl::AdmitFork(Caller caller, std::string session_id, std::optiona
     store->Unreserve(*r);
     return (*d)(absl::InternalError(absl::StrCat("fork: ", e.what())));
   }
-  SessionMeta copy = *meta;
+  SessionInfo copy = *meta;
   copy.id = r->id;
   copy.tenant = caller.tenant;
   copy.created = copy.last_used = clock->Now();
@@ -298,8 +298,8 @@ void Engine::Impl::AdmitFork(Caller caller, std::string session_id, std::optiona
       return (*d)(s);
     }
     if (impl->observer != nullptr) impl->observer->OnSessionCreated();
-    absl::StatusOr<SessionMeta> now = impl->store->Get(reservation->id, caller.tenant, false);
-    (*d)(now.ok() ? absl::StatusOr<SessionInfo>(impl->Info(*now)) : now.status());
+    absl::StatusOr<SessionInfo> now = impl->store->Get(reservation->id, caller.tenant, false);
+    (*d)(now.ok() ? absl::StatusOr<SessionInfo>(*now) : now.status());
   };
   if (durable == nullptr) return finish(absl::OkStatus());
   absl::StatusOr<TurnRecord> rec = EncodeTurn(copy, *data, 0, /*full=*/true);

@@ -160,7 +160,7 @@ void Engine::Impl::EdgeAppend(std::shared_ptr<AppendRequest> req, CancelFlag can
     }
     // Claim first: the tokens count against the session's room, and no other mutation
     // may slip in between.
-    absl::StatusOr<SessionMeta> meta = impl->store->Claim(req->session_id, req->caller.tenant);
+    absl::StatusOr<SessionInfo> meta = impl->store->Claim(req->session_id, req->caller.tenant);
     if (!meta.ok()) return fail(meta.status());
     if (req->input.whole_conversation && req->input.kind == InputSpec::Kind::kChat) {
       // Checked under the claim: no other append can change the stored conversation
@@ -352,14 +352,14 @@ void Engine::GetSession(Caller caller, std::string session_id, DoneFn<SessionInf
   if (!IsValidSessionId(session_id)) {
     return done(MalformedSessionId(session_id));
   }
-  absl::StatusOr<SessionMeta> meta = impl_->store->Get(session_id, caller.tenant, /*touch=*/true);
+  absl::StatusOr<SessionInfo> meta = impl_->store->Get(session_id, caller.tenant, /*touch=*/true);
   if (!meta.ok()) return done(meta.status());
-  done(impl_->Info(*meta));
+  done(*std::move(meta));
 }
 
 void Engine::ListSessions(Caller caller, DoneFn<std::vector<SessionInfo>> done) {
   std::vector<SessionInfo> out;
-  for (const SessionMeta& m : impl_->store->List(caller.tenant)) out.push_back(impl_->Info(m));
+  for (SessionInfo& m : impl_->store->List(caller.tenant)) out.push_back(std::move(m));
   done(std::move(out));
 }
 
@@ -387,19 +387,19 @@ void Engine::InspectCache(Caller caller, std::string session_id, bool include_po
   }
   auto d = std::make_shared<DoneFn<CacheInspection>>(std::move(done));
   if (!impl->Post([impl, caller, session_id, include_positions, d] {
-        absl::StatusOr<SessionMeta> meta = impl->store->Get(session_id, caller.tenant, true);
+        absl::StatusOr<SessionInfo> meta = impl->store->Get(session_id, caller.tenant, true);
         if (!meta.ok()) return (*d)(meta.status());
         absl::StatusOr<std::shared_ptr<SessionData>> data = impl->SessionDataFor(session_id, caller.tenant);
         if (!data.ok()) return (*d)(data.status());
         const model::KvCache& hot = (*data)->hot;
         CacheInspection out;
-        out.session = impl->Info(*meta);
+        out.session = *meta;
         out.layers = impl->Layers(hot.cells(), include_positions, &meta->last_report);
         for (const LayerCacheInfo& l : out.layers) out.total_retained_entries += l.retained * impl->facts.num_kv_heads;
         out.total_kv_bytes = hot.KvBytes();
         out.full_equivalent_kv_bytes = hot.FullEquivalentKvBytes(meta->tokens_seen);
         out.position_bytes = hot.PositionBytes();
-        out.cold_kv_bytes = meta->cold_bytes;
+        out.cold_kv_bytes = meta->cold_kv_bytes;
         (*d)(std::move(out));
       })) {
     (*d)(absl::UnavailableError("server is shutting down"));
@@ -417,7 +417,7 @@ void Engine::ExportSession(Caller caller, std::string session_id, CancelFlag can
   auto d = std::make_shared<DoneFn<int64_t>>(std::move(done));
   if (!impl->Post([impl, caller, session_id, cancel, sink_ptr, d] {
         // A read of the committed state: allowed while a mutation runs.
-        absl::StatusOr<SessionMeta> meta = impl->store->Get(session_id, caller.tenant, /*touch=*/true);
+        absl::StatusOr<SessionInfo> meta = impl->store->Get(session_id, caller.tenant, /*touch=*/true);
         if (!meta.ok()) return (*d)(meta.status());
         if (impl->durable != nullptr && impl->durable->Contains(session_id)) {
           // Saved sessions stream straight from their files.
@@ -519,7 +519,7 @@ absl::StatusOr<SessionInfo> SessionImportImpl::Complete() {
     absl::StatusOr<state::SessionManifest> m = importer_->Finish();
     return m.ok() ? absl::InternalError("import: the snapshot ended before its manifest") : m.status();
   }
-  ECHOKV_ASSIGN_OR_RETURN(SessionMeta incoming, MetaFromManifest(*parsed, *impl_->model));
+  ECHOKV_ASSIGN_OR_RETURN(SessionInfo incoming, MetaFromManifest(*parsed, *impl_->model));
   // Checksums only say the bytes are the exporter's; what they say is checked as a
   // CreateSession with the same settings would be (docs/SECURITY.md "Imported snapshots").
   ECHOKV_RETURN_IF_ERROR(impl_->CheckImport(parsed->meta, incoming, ttl_));
@@ -527,15 +527,15 @@ absl::StatusOr<SessionInfo> SessionImportImpl::Complete() {
   Engine::Impl::AdmitRequest ask;
   ask.what = Engine::Impl::Admission::kImport;
   ask.tenant = caller_.tenant;
-  ask.hot_bytes = incoming.hot_bytes;
-  ask.cold_bytes = incoming.cold_bytes;
+  ask.hot_bytes = incoming.retained_kv_bytes;
+  ask.cold_bytes = incoming.cold_kv_bytes;
   ask.cold_in_memory = in_memory && incoming.memory == MemoryMode::kTiered;
   if (keep_id_) ask.id = incoming.id;
   absl::StatusOr<SessionStore::Reservation> r = impl_->Admit(ask);
   if (!r.ok()) return r.status();
   const absl::Time now = impl_->clock->Now();
   absl::StatusOr<state::SessionManifest> committed =
-      importer_->Finish(r->id, [this, now](state::SessionMeta& m) {
+      importer_->Finish(r->id, [this, now](state::SavedSession& m) {
         m.tenant = caller_.tenant;
         m.last_used = now;
         if (ttl_.has_value()) m.ttl = *ttl_;
@@ -557,7 +557,7 @@ absl::StatusOr<SessionInfo> SessionImportImpl::Complete() {
     impl_->store->Unreserve(*r);
     return s;
   };
-  absl::StatusOr<SessionMeta> meta = MetaFromManifest(*committed, *impl_->model);
+  absl::StatusOr<SessionInfo> meta = MetaFromManifest(*committed, *impl_->model);
   if (!meta.ok()) return refuse(meta.status());
   // The whole cache is rebuilt once, on either kind of server, so that a snapshot whose
   // tensors do not fit the model or whose positions break the cache's rules is refused
@@ -584,8 +584,8 @@ absl::StatusOr<SessionInfo> SessionImportImpl::Complete() {
     return s;
   }
   if (impl_->observer != nullptr) impl_->observer->OnSessionCreated();
-  ECHOKV_ASSIGN_OR_RETURN(SessionMeta now_meta, impl_->store->Get(r->id, caller_.tenant, false));
-  return impl_->Info(now_meta);
+  ECHOKV_ASSIGN_OR_RETURN(SessionInfo now_meta, impl_->store->Get(r->id, caller_.tenant, false));
+  return now_meta;
 }
 
 }  // namespace

@@ -107,7 +107,7 @@ class StateObserverAdapter : public state::StateObserver {
 struct PendingPrompt {
   std::unique_ptr<TurnJob> turn;                  // the append turn, not yet Committed()
   std::shared_ptr<SessionData> data;              // the session with the prompt
-  SessionMeta meta;                               // as it would be committed
+  SessionInfo meta;                               // as it would be committed
   int64_t tokens_before = 0;                      // the committed session's tokens
   std::vector<model::ChatMessage> new_messages;   // chat input
   std::optional<std::string> tools_json;          // chat input: the tools now in use
@@ -201,7 +201,7 @@ class Engine::Impl {
     return durable != nullptr && j.turn->spec().kind != TurnKind::kCompress && j.then_generate == nullptr;
   }
   void StartPersist(ActiveJob& j);
-  SessionMeta BuildMeta(const ActiveJob& j, const SessionData& data) const;
+  SessionInfo BuildMeta(const ActiveJob& j, const SessionData& data) const;
   // The session's tensors, loaded from disk first when they were spilled or restored.
   absl::StatusOr<std::shared_ptr<SessionData>> SessionDataFor(const std::string& id, const std::string& tenant);
   // Drops idle saved sessions' tensors until `bytes` more cold bytes fit in memory.
@@ -324,10 +324,9 @@ class Engine::Impl {
   // ImportSession's admission check of a parsed snapshot, the rules of CreateSession
   // (CheckSessionSettings on the ttl that will apply and the saved config; CheckTokenIds
   // and max_context_tokens on the token history). INVALID_ARGUMENT "snapshot: ...".
-  absl::Status CheckImport(const state::SessionMeta& saved, const SessionMeta& incoming,
+  absl::Status CheckImport(const state::SavedSession& saved, const SessionInfo& incoming,
                            const std::optional<absl::Duration>& ttl) const;
-  SessionInfo Info(const SessionMeta& m) const;
-  SessionMeta MetaFor(const SessionData& data, const compression::CompressionReport& report, MemoryMode memory) const;
+  SessionInfo MetaFor(const SessionData& data, const compression::CompressionReport& report, MemoryMode memory) const;
   // Per layer and group: entries, bytes, positions (when asked) and the retained
   // attention mass of `report` (the compression that made these cells; -1 without one).
   std::vector<LayerCacheInfo> Layers(const model::KvCells& cells, bool positions,

@@ -31,7 +31,7 @@ absl::Status Engine::Impl::CheckTokenIds(absl::Span<const int> ids, absl::string
   return absl::OkStatus();
 }
 
-absl::Status Engine::Impl::CheckImport(const state::SessionMeta& saved, const SessionMeta& incoming,
+absl::Status Engine::Impl::CheckImport(const state::SavedSession& saved, const SessionInfo& incoming,
                                        const std::optional<absl::Duration>& ttl) const {
   // A ttl in the header replaces the saved one (and is the client's own field).
   ECHOKV_RETURN_IF_ERROR(CheckTtl(ttl));
@@ -52,38 +52,18 @@ absl::Status Engine::Impl::CheckImport(const state::SessionMeta& saved, const Se
   return absl::OkStatus();
 }
 
-SessionInfo Engine::Impl::Info(const SessionMeta& m) const {
-  SessionInfo info;
-  info.id = m.id;
-  info.memory = m.memory;
-  info.tokens_seen = m.tokens_seen;
-  info.retained_entries = m.retained_entries;
-  info.retained_kv_bytes = m.hot_bytes;
-  info.full_kv_bytes = m.full_bytes;
-  info.cold_kv_bytes = m.cold_bytes;
-  info.config = m.config;
-  info.last_report = m.last_report;
-  info.created = m.created;
-  info.last_used = m.last_used;
-  info.ttl = m.ttl;
-  info.busy = m.busy;
-  info.messages = m.messages;
-  info.tools_json = m.tools_json;
-  return info;
-}
-
-SessionMeta Engine::Impl::MetaFor(const SessionData& data, const compression::CompressionReport& report,
+SessionInfo Engine::Impl::MetaFor(const SessionData& data, const compression::CompressionReport& report,
                                   MemoryMode memory) const {
-  SessionMeta m;
+  SessionInfo m;
   m.memory = memory;
   m.config = report.config;
   m.last_report = report;
   m.tokens_seen = static_cast<int64_t>(data.tokens.size());
   m.retained_entries = data.hot.cells().TotalEntries();
-  m.hot_bytes = data.hot.KvBytes();
-  m.full_bytes = data.hot.FullEquivalentKvBytes(m.tokens_seen);
+  m.retained_kv_bytes = data.hot.KvBytes();
+  m.full_kv_bytes = data.hot.FullEquivalentKvBytes(m.tokens_seen);
   if (data.cold != nullptr) {
-    m.cold_bytes = data.cold->FullEquivalentKvBytes(data.cold_len);
+    m.cold_kv_bytes = data.cold->FullEquivalentKvBytes(data.cold_len);
     m.cold_in_memory = true;
   }
   return m;

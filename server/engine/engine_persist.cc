@@ -11,9 +11,9 @@
 
 namespace echokv::server {
 
-SessionMeta Engine::Impl::BuildMeta(const ActiveJob& j, const SessionData& data) const {
+SessionInfo Engine::Impl::BuildMeta(const ActiveJob& j, const SessionData& data) const {
   const TurnJob& t = *j.turn;
-  SessionMeta meta = MetaFor(data, t.report(), t.spec().memory);
+  SessionInfo meta = MetaFor(data, t.report(), t.spec().memory);
   meta.tenant = j.caller.tenant;
   const absl::Time now = clock->Now();
   meta.last_used = now;
@@ -25,7 +25,7 @@ SessionMeta Engine::Impl::BuildMeta(const ActiveJob& j, const SessionData& data)
     meta.tools_json = j.tools_json.value_or("");
   } else {
     meta.id = j.session_id;
-    absl::StatusOr<SessionMeta> old = store->Get(j.session_id, j.caller.tenant, false);  // claimed: present
+    absl::StatusOr<SessionInfo> old = store->Get(j.session_id, j.caller.tenant, false);  // claimed: present
     if (old.ok()) {
       meta.created = old->created;
       meta.ttl = old->ttl;
@@ -143,10 +143,10 @@ absl::StatusOr<std::shared_ptr<SessionData>> Engine::Impl::SessionDataFor(const 
   ECHOKV_ASSIGN_OR_RETURN(std::shared_ptr<SessionData> data, store->Data(id, tenant, /*touch=*/false));
   if (data != nullptr) return data;
   if (durable == nullptr) return absl::InternalError(absl::StrCat("session ", EscapedIdPrefix(id), " has no state"));
-  ECHOKV_ASSIGN_OR_RETURN(SessionMeta meta, store->Get(id, tenant, false));
+  ECHOKV_ASSIGN_OR_RETURN(SessionInfo meta, store->Get(id, tenant, false));
   absl::StatusOr<std::unique_ptr<state::SessionReader>> reader = durable->OpenSession(id);
   if (!reader.ok()) return StateFailure(reader.status(), "loading the saved session", /*write=*/false);
-  if (meta.memory == MemoryMode::kTiered) ECHOKV_RETURN_IF_ERROR(MakeColdRoom(meta.cold_bytes, id));
+  if (meta.memory == MemoryMode::kTiered) ECHOKV_RETURN_IF_ERROR(MakeColdRoom(meta.cold_kv_bytes, id));
   absl::StatusOr<std::shared_ptr<SessionData>> loaded = LoadSessionData(**reader, *model);
   if (!loaded.ok()) return StateFailure(loaded.status(), "loading the saved session", /*write=*/false);
   data = std::move(*loaded);
@@ -179,7 +179,7 @@ absl::Status Engine::Impl::OpenDurableState() {
   }
   int64_t restored = 0;
   for (const state::SessionManifest& m : found.sessions) {
-    absl::StatusOr<SessionMeta> meta = MetaFromManifest(m, *model);
+    absl::StatusOr<SessionInfo> meta = MetaFromManifest(m, *model);
     if (!meta.ok()) {
       ECHOKV_LOG(ERROR) << "saved session " << EscapedIdPrefix(m.meta.id) << " refused (bad_manifest): "
                         << meta.status().message();
@@ -190,8 +190,8 @@ absl::Status Engine::Impl::OpenDurableState() {
     AdmitRequest ask;
     ask.what = Admission::kRestore;
     ask.tenant = meta->tenant;
-    ask.hot_bytes = meta->hot_bytes;
-    ask.cold_bytes = meta->cold_bytes;
+    ask.hot_bytes = meta->retained_kv_bytes;
+    ask.cold_bytes = meta->cold_kv_bytes;
     ask.cold_in_memory = false;  // loaded on first use
     ask.id = meta->id;
     absl::StatusOr<SessionStore::Reservation> r = Admit(ask);

@@ -180,8 +180,8 @@ absl::StatusOr<state::ModelFingerprint> FingerprintModelDir(const std::string &d
   return b.Finish();
 }
 
-state::SessionMeta ToStateMeta(const SessionMeta &meta, const SessionData &data) {
-  state::SessionMeta s;
+state::SavedSession ToStateMeta(const SessionInfo &meta, const SessionData &data) {
+  state::SavedSession s;
   s.id = meta.id;
   s.tenant = meta.tenant;
   s.memory = meta.memory;
@@ -212,7 +212,7 @@ state::SessionMeta ToStateMeta(const SessionMeta &meta, const SessionData &data)
   return s;
 }
 
-absl::StatusOr<TurnRecord> EncodeTurn(const SessionMeta &meta, const SessionData &data, int64_t tokens_before,
+absl::StatusOr<TurnRecord> EncodeTurn(const SessionInfo &meta, const SessionData &data, int64_t tokens_before,
                                       bool full) {
   TurnRecord rec;
   ECHOKV_RETURN_IF_ERROR(Guard("encoding the turn", [&]() -> absl::Status {
@@ -258,9 +258,9 @@ absl::StatusOr<TurnRecord> EncodeTurn(const SessionMeta &meta, const SessionData
   return rec;
 }
 
-absl::StatusOr<SessionMeta> MetaFromManifest(const state::SessionManifest &manifest, const model::Transformer &model) {
-  const state::SessionMeta &s = manifest.meta;
-  SessionMeta m;
+absl::StatusOr<SessionInfo> MetaFromManifest(const state::SessionManifest &manifest, const model::Transformer &model) {
+  const state::SavedSession &s = manifest.meta;
+  SessionInfo m;
   m.id = s.id;
   m.tenant = s.tenant;
   m.memory = s.memory;
@@ -313,9 +313,9 @@ absl::StatusOr<SessionMeta> MetaFromManifest(const state::SessionManifest &manif
     }
     m.retained_entries += found->shape[0] * found->shape[1];
   }
-  m.hot_bytes = m.retained_entries * entry_bytes;
-  m.full_bytes = m.tokens_seen * c.num_layers * c.num_kv_heads * entry_bytes;
-  m.cold_bytes = m.memory == MemoryMode::kTiered ? m.full_bytes : 0;
+  m.retained_kv_bytes = m.retained_entries * entry_bytes;
+  m.full_kv_bytes = m.tokens_seen * c.num_layers * c.num_kv_heads * entry_bytes;
+  m.cold_kv_bytes = m.memory == MemoryMode::kTiered ? m.full_kv_bytes : 0;
   m.cold_in_memory = false;
   return m;
 }

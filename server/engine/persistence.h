@@ -42,7 +42,7 @@ absl::StatusOr<state::ModelFingerprint> FingerprintModelDir(const std::string& d
 
 // One turn ready to write. The segment's blob views point into `keep_alive`.
 struct TurnRecord {
-  state::SessionMeta meta;
+  state::SavedSession meta;
   state::NewSegment segment;
   std::vector<at::Tensor> keep_alive;  // contiguous CPU tensors the views read
 };
@@ -50,15 +50,15 @@ struct TurnRecord {
 // The record of a turn that produced `data`: tiered sessions write the cold KV of the
 // tokens after `tokens_before` (all of it when `full`, superseding the earlier
 // segments), evict sessions write their whole compact cache (always superseding).
-absl::StatusOr<TurnRecord> EncodeTurn(const SessionMeta& meta, const SessionData& data, int64_t tokens_before,
+absl::StatusOr<TurnRecord> EncodeTurn(const SessionInfo& meta, const SessionData& data, int64_t tokens_before,
                                       bool full);
 
 // The engine's metadata as saved (config, report and chat messages in the opaque JSON).
-state::SessionMeta ToStateMeta(const SessionMeta& meta, const SessionData& data);
+state::SavedSession ToStateMeta(const SessionInfo& meta, const SessionData& data);
 
 // Metadata of a saved session without reading payloads: hot bytes and entries from the
 // blob shapes; cold_in_memory = false (the tensors load on first use).
-absl::StatusOr<SessionMeta> MetaFromManifest(const state::SessionManifest& manifest, const model::Transformer& model);
+absl::StatusOr<SessionInfo> MetaFromManifest(const state::SessionManifest& manifest, const model::Transformer& model);
 
 // Rebuilds the session's tensors from disk (reads every blob it needs once).
 absl::StatusOr<std::shared_ptr<SessionData>> LoadSessionData(const state::SessionReader& reader,

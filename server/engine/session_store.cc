@@ -255,7 +255,7 @@ void SessionStore::Unreserve(const Reservation& r) {
   reservations_.erase(it);
 }
 
-absl::Status SessionStore::Insert(const Reservation& r, SessionMeta meta, std::shared_ptr<SessionData> data) {
+absl::Status SessionStore::Insert(const Reservation& r, SessionInfo meta, std::shared_ptr<SessionData> data) {
   absl::MutexLock lock(&mu_);
   auto it = reservations_.find(r.ticket);
   if (it == reservations_.end() || !it->second.session) return absl::InternalError("session reservation not found");
@@ -264,8 +264,8 @@ absl::Status SessionStore::Insert(const Reservation& r, SessionMeta meta, std::s
   reservations_.erase(it);
   --reserved_sessions_;
   AccountLocked(held.tenant, -1, -held.hot_bytes, held.cold_in_memory ? -held.cold_bytes : 0);
-  const int64_t cold_mem = meta.cold_in_memory ? meta.cold_bytes : 0;
-  if (absl::Status s = CheckLimitsLocked(held.tenant, 0, meta.hot_bytes, cold_mem); !s.ok()) return s;
+  const int64_t cold_mem = meta.cold_in_memory ? meta.cold_kv_bytes : 0;
+  if (absl::Status s = CheckLimitsLocked(held.tenant, 0, meta.retained_kv_bytes, cold_mem); !s.ok()) return s;
   meta.id = held.id;
   meta.tenant = held.tenant;
   meta.busy = false;
@@ -273,7 +273,7 @@ absl::Status SessionStore::Insert(const Reservation& r, SessionMeta meta, std::s
   const absl::Time now = clock_->Now();
   if (meta.created == absl::UnixEpoch()) meta.created = now;
   if (meta.last_used == absl::UnixEpoch()) meta.last_used = now;
-  AccountLocked(held.tenant, 1, meta.hot_bytes, cold_mem);
+  AccountLocked(held.tenant, 1, meta.retained_kv_bytes, cold_mem);
   const std::string id = meta.id;
   sessions_[id] = Entry{std::move(meta), std::move(data)};
   return absl::OkStatus();
@@ -288,7 +288,7 @@ SessionStore::Entry* SessionStore::FindLocked(const std::string& id, const std::
   return &e;
 }
 
-absl::StatusOr<SessionMeta> SessionStore::Claim(const std::string& id, const std::string& tenant) {
+absl::StatusOr<SessionInfo> SessionStore::Claim(const std::string& id, const std::string& tenant) {
   absl::MutexLock lock(&mu_);
   Entry* e = FindLocked(id, tenant);
   if (e == nullptr) return SessionNotFound(id);
@@ -306,20 +306,20 @@ void SessionStore::Release(const std::string& id) {
   it->second.meta.last_used = clock_->Now();
 }
 
-absl::Status SessionStore::Commit(const std::string& id, SessionMeta updated, std::shared_ptr<SessionData> data) {
+absl::Status SessionStore::Commit(const std::string& id, SessionInfo updated, std::shared_ptr<SessionData> data) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return absl::InternalError("committing a session that is gone");
   Entry& e = it->second;
   // The session's own old bytes are freed by this commit.
-  const int64_t old_cold = e.meta.cold_in_memory ? e.meta.cold_bytes : 0;
-  const int64_t new_cold = updated.cold_in_memory ? updated.cold_bytes : 0;
+  const int64_t old_cold = e.meta.cold_in_memory ? e.meta.cold_kv_bytes : 0;
+  const int64_t new_cold = updated.cold_in_memory ? updated.cold_kv_bytes : 0;
   if (absl::Status s =
-          CheckLimitsLocked(e.meta.tenant, 0, updated.hot_bytes - e.meta.hot_bytes, new_cold - old_cold);
+          CheckLimitsLocked(e.meta.tenant, 0, updated.retained_kv_bytes - e.meta.retained_kv_bytes, new_cold - old_cold);
       !s.ok()) {
     return s;
   }
-  AccountLocked(e.meta.tenant, 0, updated.hot_bytes - e.meta.hot_bytes, new_cold - old_cold);
+  AccountLocked(e.meta.tenant, 0, updated.retained_kv_bytes - e.meta.retained_kv_bytes, new_cold - old_cold);
   updated.id = e.meta.id;
   updated.tenant = e.meta.tenant;
   updated.created = e.meta.created;
@@ -330,7 +330,7 @@ absl::Status SessionStore::Commit(const std::string& id, SessionMeta updated, st
   return absl::OkStatus();
 }
 
-absl::StatusOr<SessionMeta> SessionStore::Get(const std::string& id, const std::string& tenant, bool touch) {
+absl::StatusOr<SessionInfo> SessionStore::Get(const std::string& id, const std::string& tenant, bool touch) {
   absl::MutexLock lock(&mu_);
   Entry* e = FindLocked(id, tenant);
   if (e == nullptr) return SessionNotFound(id);
@@ -353,22 +353,22 @@ void SessionStore::ReplaceData(const std::string& id, std::shared_ptr<SessionDat
   if (it == sessions_.end()) return;
   Entry& e = it->second;
   if (e.meta.cold_in_memory != cold_in_memory) {
-    AccountLocked(e.meta.tenant, 0, 0, (cold_in_memory ? 1 : -1) * e.meta.cold_bytes);
+    AccountLocked(e.meta.tenant, 0, 0, (cold_in_memory ? 1 : -1) * e.meta.cold_kv_bytes);
     e.meta.cold_in_memory = cold_in_memory;
   }
   e.data = std::move(data);
 }
 
-std::vector<SessionMeta> SessionStore::List(const std::string& tenant) {
+std::vector<SessionInfo> SessionStore::List(const std::string& tenant) {
   ReapExpired();
-  std::vector<SessionMeta> out;
+  std::vector<SessionInfo> out;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, e] : sessions_) {
       if (e.meta.tenant == tenant) out.push_back(e.meta);
     }
   }
-  std::sort(out.begin(), out.end(), [](const SessionMeta& a, const SessionMeta& b) {
+  std::sort(out.begin(), out.end(), [](const SessionInfo& a, const SessionInfo& b) {
     return a.created != b.created ? a.created < b.created : a.id < b.id;
   });
   return out;
@@ -380,8 +380,8 @@ absl::StatusOr<int64_t> SessionStore::Delete(const std::string& id, const std::s
   Entry* e = FindLocked(id, tenant);
   if (e == nullptr) return SessionNotFound(id);
   if (e->meta.busy) return Busy(id);
-  const int64_t freed = e->meta.hot_bytes;
-  AccountLocked(e->meta.tenant, -1, -e->meta.hot_bytes, e->meta.cold_in_memory ? -e->meta.cold_bytes : 0);
+  const int64_t freed = e->meta.retained_kv_bytes;
+  AccountLocked(e->meta.tenant, -1, -e->meta.retained_kv_bytes, e->meta.cold_in_memory ? -e->meta.cold_kv_bytes : 0);
   doomed = std::move(e->data);
   sessions_.erase(id);
   return freed;
@@ -393,10 +393,10 @@ std::vector<std::string> SessionStore::ReapExpired() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   for (auto it = sessions_.begin(); it != sessions_.end();) {
-    const SessionMeta& m = it->second.meta;
+    const SessionInfo& m = it->second.meta;
     if (!m.busy && now - m.last_used > m.ttl) {
       gone.push_back(m.id);
-      AccountLocked(m.tenant, -1, -m.hot_bytes, m.cold_in_memory ? -m.cold_bytes : 0);
+      AccountLocked(m.tenant, -1, -m.retained_kv_bytes, m.cold_in_memory ? -m.cold_kv_bytes : 0);
       doomed.push_back(std::move(it->second.data));
       sessions_.erase(it++);
     } else {
@@ -430,8 +430,8 @@ StoreTotals SessionStore::Totals() const {
   t.hot_bytes = hot_bytes_;
   t.cold_memory_bytes = cold_memory_bytes_;
   for (const auto& [id, e] : sessions_) {
-    t.cold_bytes += e.meta.cold_bytes;
-    t.full_bytes += e.meta.full_bytes;
+    t.cold_bytes += e.meta.cold_kv_bytes;
+    t.full_bytes += e.meta.full_kv_bytes;
   }
   return t;
 }
@@ -447,8 +447,8 @@ StoreTotals SessionStore::TotalsOf(const std::string& tenant) const {
   for (const auto& [id, e] : sessions_) {
     if (e.meta.tenant != tenant) continue;
     ++t.sessions;
-    t.cold_bytes += e.meta.cold_bytes;
-    t.full_bytes += e.meta.full_bytes;
+    t.cold_bytes += e.meta.cold_kv_bytes;
+    t.full_bytes += e.meta.full_kv_bytes;
   }
   return t;
 }

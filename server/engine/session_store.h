@@ -8,7 +8,7 @@
 //   ECHOKV_ASSIGN_OR_RETURN(SessionStore::Reservation r, store.Reserve(tenant, hot, cold));
 //   ... build the session ...
 //   ECHOKV_RETURN_IF_ERROR(store.Insert(r, meta, std::move(data)));   // or Unreserve(r)
-//   ECHOKV_ASSIGN_OR_RETURN(SessionMeta m, store.Claim(id, tenant));  // a mutation begins
+//   ECHOKV_ASSIGN_OR_RETURN(SessionInfo m, store.Claim(id, tenant));  // a mutation begins
 //   store.Commit(id, updated_meta, new_data);  /* or */  store.Release(id);
 #ifndef ECHOKV_SERVER_ENGINE_SESSION_STORE_H_
 #define ECHOKV_SERVER_ENGINE_SESSION_STORE_H_
@@ -50,18 +50,23 @@ struct SessionLimits {
   absl::Status Validate() const;               // names the bad field
 };
 
-struct SessionMeta {
+// A session's metadata and stats: the one native description of a session, kept by the
+// store and answered by the engine and the session layer as it is. Each wire format has
+// one conversion: FillSession (server/doors/grpc/service.cc, pb::Session), the HTTP
+// door's session fields (openai_server.cc), ToStateMeta / MetaFromManifest
+// (server/engine/persistence.h, state::SavedSession on disk).
+struct SessionInfo {
   std::string id;
   std::string tenant;                          // owner ("" when the server runs open)
   MemoryMode memory = MemoryMode::kEvict;
-  compression::CompressionConfig config;       // resolved; every re-selection uses it
+  compression::CompressionConfig config;       // resolved (workspace too); every re-selection uses it
   compression::CompressionReport last_report;  // the latest compression
   int64_t tokens_seen = 0;                     // every token prefilled or committed
   int64_t retained_entries = 0;                // hot entries over layers and groups
-  int64_t hot_bytes = 0;                       // §7 bytes of the hot tier (max_kv_bytes)
-  int64_t full_bytes = 0;                      // §7 bytes of a full cache of tokens_seen
-  int64_t cold_bytes = 0;                      // exact history bytes (tiered; else 0)
-  bool cold_in_memory = false;                 // cold_bytes count against max_cold_bytes
+  int64_t retained_kv_bytes = 0;               // §7 bytes of the hot tier (max_kv_bytes)
+  int64_t full_kv_bytes = 0;                   // §7 bytes of a full cache of tokens_seen
+  int64_t cold_kv_bytes = 0;                   // exact history bytes (tiered; else 0)
+  bool cold_in_memory = false;                 // cold_kv_bytes count against max_cold_bytes
   absl::Time created;
   absl::Time last_used;                        // the idle timer starts here
   absl::Duration ttl;                          // idle expiry
@@ -135,27 +140,27 @@ class SessionStore {
   // created / last_used left at the Unix epoch start now).
   // The exact bytes in meta are checked against the limits (the reservation's
   // estimate counted as freed); on error the reservation is released too.
-  absl::Status Insert(const Reservation& r, SessionMeta meta, std::shared_ptr<SessionData> data);
+  absl::Status Insert(const Reservation& r, SessionInfo meta, std::shared_ptr<SessionData> data);
 
   // A mutation begins: busy = true. NOT_FOUND for an unknown, expired or foreign
   // (another tenant's) id, identical in all three cases; FAILED_PRECONDITION when busy.
-  absl::StatusOr<SessionMeta> Claim(const std::string& id, const std::string& tenant);
+  absl::StatusOr<SessionInfo> Claim(const std::string& id, const std::string& tenant);
   // The mutation ended without a change: busy = false, idle timer restarts.
   void Release(const std::string& id);
   // The mutation ended with a new state: bytes re-checked with this session's old
   // bytes counted as freed (RESOURCE_EXHAUSTED; the session then stays as it was,
   // still claimed). On success busy = false and the idle timer restarts.
-  absl::Status Commit(const std::string& id, SessionMeta updated, std::shared_ptr<SessionData> data);
+  absl::Status Commit(const std::string& id, SessionInfo updated, std::shared_ptr<SessionData> data);
 
   // Metadata (and the data handle) of a live session of `tenant`; `touch` restarts the
   // idle timer. NOT_FOUND as Claim.
-  absl::StatusOr<SessionMeta> Get(const std::string& id, const std::string& tenant, bool touch);
+  absl::StatusOr<SessionInfo> Get(const std::string& id, const std::string& tenant, bool touch);
   absl::StatusOr<std::shared_ptr<SessionData>> Data(const std::string& id, const std::string& tenant,
                                                     bool touch);
   // Swaps the data handle without a mutation (e.g. a spilled cold tier reloaded).
   void ReplaceData(const std::string& id, std::shared_ptr<SessionData> data, bool cold_in_memory);
   // The live sessions of `tenant`, oldest first (expired ones reaped first).
-  std::vector<SessionMeta> List(const std::string& tenant);
+  std::vector<SessionInfo> List(const std::string& tenant);
   // Removes a session: its hot bytes are returned. FAILED_PRECONDITION when busy.
   absl::StatusOr<int64_t> Delete(const std::string& id, const std::string& tenant);
   // Removes sessions idle beyond their TTL (busy ones never expire); returns their ids.
@@ -175,7 +180,7 @@ class SessionStore {
 
  private:
   struct Entry {
-    SessionMeta meta;
+    SessionInfo meta;
     std::shared_ptr<SessionData> data;  // tensors; shared so readers keep a snapshot alive
   };
   absl::Status CheckLimitsLocked(const std::string& tenant, int extra_sessions, int64_t hot_delta,

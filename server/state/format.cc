@@ -412,7 +412,7 @@ absl::StatusOr<std::vector<BlobInfo>> DecodeBlobTable(absl::string_view bytes,
 // ---- manifest ----
 
 absl::StatusOr<std::string> EncodeManifest(const SessionManifest& manifest) {
-  const SessionMeta& m = manifest.meta;
+  const SavedSession& m = manifest.meta;
   nlohmann::json j = nlohmann::json::object();
   j["id"] = m.id;
   j["tenant"] = m.tenant;
@@ -557,7 +557,7 @@ absl::StatusOr<SessionManifest> DecodeManifest(absl::string_view bytes,
   Fields fields(j, std::string(what));
   SessionManifest m;
   m.model = f.model;
-  SessionMeta& meta = m.meta;
+  SavedSession& meta = m.meta;
   ECHOKV_ASSIGN_OR_RETURN(meta.id, fields.String("id"));
   ECHOKV_ASSIGN_OR_RETURN(meta.tenant, fields.String("tenant"));
   ECHOKV_ASSIGN_OR_RETURN(std::string memory, fields.String("memory"));

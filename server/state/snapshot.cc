@@ -422,7 +422,7 @@ absl::Status SnapshotImporter::FinishSegment() {
 }
 
 absl::StatusOr<SessionManifest> SnapshotImporter::Finish(
-    absl::string_view id, const std::function<absl::Status(SessionMeta&)>& edit) {
+    absl::string_view id, const std::function<absl::Status(SavedSession&)>& edit) {
   if (!status_.ok()) return status_;
   if (committed_) return absl::FailedPreconditionError("snapshot: Finish called twice");
   absl::Time start = absl::Now();

@@ -115,7 +115,7 @@ class SnapshotImporter {
   // with a status that Finish returns (nothing is created). Returns the committed
   // manifest (blob tables filled); the store then knows the session (payloads verified).
   absl::StatusOr<SessionManifest> Finish(
-      absl::string_view id = "", const std::function<absl::Status(SessionMeta&)>& edit = nullptr);
+      absl::string_view id = "", const std::function<absl::Status(SavedSession&)>& edit = nullptr);
   uint64_t bytes_received() const { return received_; }
 
  private:

@@ -378,7 +378,7 @@ absl::Status StateStore::CheckManifestSize(absl::string_view bytes, absl::string
   return absl::OkStatus();
 }
 
-absl::Status StateStore::WriteTurn(const SessionMeta& meta, const NewSegment& segment) {
+absl::Status StateStore::WriteTurn(const SavedSession& meta, const NewSegment& segment) {
   absl::Time start = absl::Now();
   uint64_t bytes = 0;
   absl::Status status = DoWriteTurn(meta, segment, &bytes);
@@ -386,7 +386,7 @@ absl::Status StateStore::WriteTurn(const SessionMeta& meta, const NewSegment& se
   return status;
 }
 
-absl::Status StateStore::DoWriteTurn(const SessionMeta& meta, const NewSegment& segment,
+absl::Status StateStore::DoWriteTurn(const SavedSession& meta, const NewSegment& segment,
                                      uint64_t* bytes) {
   if (absl::Status v = meta.Validate(); !v.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("session meta: ", v.message()));
@@ -544,7 +544,7 @@ absl::Status StateStore::DoWriteTurn(const SessionMeta& meta, const NewSegment& 
   return absl::OkStatus();
 }
 
-absl::Status StateStore::UpdateSession(const SessionMeta& meta) {
+absl::Status StateStore::UpdateSession(const SavedSession& meta) {
   absl::Time start = absl::Now();
   uint64_t bytes = 0;
   absl::Status status = DoUpdate(meta, &bytes);
@@ -552,7 +552,7 @@ absl::Status StateStore::UpdateSession(const SessionMeta& meta) {
   return status;
 }
 
-absl::Status StateStore::DoUpdate(const SessionMeta& meta, uint64_t* bytes) {
+absl::Status StateStore::DoUpdate(const SavedSession& meta, uint64_t* bytes) {
   if (absl::Status v = meta.Validate(); !v.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("session meta: ", v.message()));
   }

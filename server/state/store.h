@@ -140,11 +140,11 @@ class StateStore {
   // segment.token_begin == the previous segment's token_end (0 for a new session).
   // On any error the files are exactly as before. ENOSPC/EDQUOT -> RESOURCE_EXHAUSTED,
   // other I/O errors -> INTERNAL, bad input -> INVALID_ARGUMENT naming the field.
-  absl::Status WriteTurn(const SessionMeta& meta, const NewSegment& segment);
+  absl::Status WriteTurn(const SavedSession& meta, const NewSegment& segment);
 
   // Replaces only the manifest's meta (timestamps, ttl, config; the token history must
   // keep its length). NOT_FOUND for an unknown session. Same atomicity as WriteTurn.
-  absl::Status UpdateSession(const SessionMeta& meta);
+  absl::Status UpdateSession(const SavedSession& meta);
 
   // Removes the session's directory (DeleteSession, TTL expiry). Atomic: the directory
   // is first renamed out of sessions/ (then it is gone for recovery), then its files are
@@ -218,8 +218,8 @@ class StateStore {
   absl::Status LoadSegmentHeader(int fd, const std::string& path, SegmentInfo* info);
   absl::Status VerifyPayload(int fd, const std::string& path, const SegmentInfo& info);
 
-  absl::Status DoWriteTurn(const SessionMeta& meta, const NewSegment& segment, uint64_t* bytes);
-  absl::Status DoUpdate(const SessionMeta& meta, uint64_t* bytes);
+  absl::Status DoWriteTurn(const SavedSession& meta, const NewSegment& segment, uint64_t* bytes);
+  absl::Status DoUpdate(const SavedSession& meta, uint64_t* bytes);
   absl::Status DoDelete(absl::string_view id);
   // Replaces an existing session's manifest atomically (tmp, fsync, rename, fsync dir;
   // rolled back when the directory fsync fails).

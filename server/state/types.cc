@@ -105,7 +105,7 @@ absl::StatusOr<ModelFingerprint> ModelFingerprint::FromHex(absl::string_view hex
   return fp;
 }
 
-absl::Status SessionMeta::Validate() const {
+absl::Status SavedSession::Validate() const {
   absl::Status id_ok = ValidateSessionId(id);
   if (!id_ok.ok()) return absl::InvalidArgumentError(absl::StrCat("id: ", id_ok.message()));
   if (tenant.size() > 1024) {

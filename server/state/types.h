@@ -4,7 +4,7 @@
 // dtype and a shape, filled by the engine. The byte layouts are in docs/ARCHITECTURE.md
 // ("Durable session state").
 //
-//   state::SessionMeta meta;               // the engine fills it
+//   state::SavedSession meta;               // the engine fills it
 //   meta.id = id; meta.memory = state::MemoryMode::kTiered; meta.tokens = tokens;
 //   state::NewSegment seg{/*token_begin=*/0, /*token_end=*/int64_t(tokens.size())};
 //   seg.blobs.push_back({"cold.k.0", state::DType::kFloat32, {G, m, d}, bytes_view});
@@ -69,7 +69,7 @@ struct ModelFingerprint {
 // Everything about a session that is not KV bytes; the engine fills it on every turn and
 // the store writes it into the session's manifest. The store checks its fields
 // (Validate) but does not interpret compression_config.
-struct SessionMeta {
+struct SavedSession {
   std::string id;                  // IsValidSessionId (session_id.h)
   std::string tenant;              // opaque, may be empty (at most 1024 bytes)
   MemoryMode memory = MemoryMode::kTiered;
@@ -131,7 +131,7 @@ struct SegmentInfo {
 // A session as the store knows it: the engine's fields, the model it belongs to and the
 // segments that make up its state, oldest first.
 struct SessionManifest {
-  SessionMeta meta;
+  SavedSession meta;
   ModelFingerprint model;
   std::vector<SegmentInfo> segments;
 

@@ -18,10 +18,10 @@ using ::echokv::testing::IsOk;
 using ::echokv::testing::StatusIs;
 using ::testing::HasSubstr;
 
-SessionMeta Meta(int64_t hot, int64_t cold = 0, bool cold_in_memory = false) {
-  SessionMeta m;
-  m.hot_bytes = hot;
-  m.cold_bytes = cold;
+SessionInfo Meta(int64_t hot, int64_t cold = 0, bool cold_in_memory = false) {
+  SessionInfo m;
+  m.retained_kv_bytes = hot;
+  m.cold_kv_bytes = cold;
   m.cold_in_memory = cold_in_memory;
   m.ttl = absl::Minutes(10);
   return m;
@@ -77,9 +77,9 @@ TEST(SessionStoreTest, CommitFreesTheSessionsOldBytes) {
   EXPECT_THAT(store.Commit(a, Meta(7001), nullptr),
               StatusIs(absl::StatusCode::kResourceExhausted, "max_kv_bytes"));
   // A refused commit leaves the session as it was, still claimed.
-  absl::StatusOr<SessionMeta> m = store.Get(a, "", false);
+  absl::StatusOr<SessionInfo> m = store.Get(a, "", false);
   ASSERT_THAT(m.status(), IsOk());
-  EXPECT_EQ(m->hot_bytes, 7000);
+  EXPECT_EQ(m->retained_kv_bytes, 7000);
   EXPECT_TRUE(m->busy);
   store.Release(a);
   EXPECT_THAT(store.Delete(a, ""), IsOk());

@@ -64,7 +64,7 @@ void Send(int fd, const Record& r) {
   if (!store.ok()) _exit(4);
   RecoveryResult found = (*store)->OpenAll();
   if (!found.errors.empty()) _exit(5);
-  std::map<uint32_t, SessionMeta> live;
+  std::map<uint32_t, SavedSession> live;
   std::map<uint32_t, uint32_t> segments;
   for (const SessionManifest& m : found.sessions) {
     for (uint32_t s = 0; s < kSessions; ++s) {
@@ -87,7 +87,7 @@ void Send(int fd, const Record& r) {
     } else {
       op = rng() % 5 == 0 ? kSupersede : kAppend;
     }
-    SessionMeta meta = op == kCreate ? MakeMeta(IdOf(s), 0, SeedOf(s)) : live[s];
+    SavedSession meta = op == kCreate ? MakeMeta(IdOf(s), 0, SeedOf(s)) : live[s];
     int64_t begin = static_cast<int64_t>(meta.tokens.size());
     uint32_t segs = op == kCreate ? 1 : op == kSupersede ? 1 : op == kAppend ? segments[s] + 1 : 0;
     int64_t tokens_after = op == kDelete ? 0 : begin + n;

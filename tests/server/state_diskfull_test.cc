@@ -115,13 +115,13 @@ TEST(StateDiskFullTest, FullDiskFailsCleanlyAndTheStoreKeepsServing) {
     StoreOptions options = TestOptions(fs.path(), policy);
     ASSERT_OK_AND_ASSIGN(auto store, StateStore::Create(options));
     // Sessions of ~20 KiB turns until the disk is full.
-    std::vector<SessionMeta> metas;
+    std::vector<SavedSession> metas;
     std::vector<std::vector<TurnData>> turns;
     absl::Status full;
     int acknowledged = 0, full_creates = 0, full_appends = 0;
     for (int i = 0; i < 200 && (full_creates == 0 || full_appends == 0); ++i) {
       const bool create = metas.empty() || i % 3 == 0;
-      SessionMeta meta = create ? MakeMeta(TestId(200 + i), 0, 5) : metas.back();
+      SavedSession meta = create ? MakeMeta(TestId(200 + i), 0, 5) : metas.back();
       int64_t begin = static_cast<int64_t>(meta.tokens.size());
       ExtendMeta(&meta, 150, 5);
       TurnData turn = MakeTurn(5, begin, 150);
@@ -173,7 +173,7 @@ TEST(StateDiskFullTest, FullDiskFailsCleanlyAndTheStoreKeepsServing) {
     }
     // Deleting a session frees room; writes land again.
     ASSERT_OK(store->DeleteSession(metas[0].id));
-    SessionMeta meta = metas.back();
+    SavedSession meta = metas.back();
     int64_t begin = static_cast<int64_t>(meta.tokens.size());
     ExtendMeta(&meta, 20, 5);
     TurnData turn = MakeTurn(5, begin, 20);
@@ -197,7 +197,7 @@ TEST(StateDiskFullTest, OutOfInodes) {
   absl::Status full;
   int created = 0;
   for (int i = 0; i < 40 && full.ok(); ++i) {
-    SessionMeta meta = MakeMeta(TestId(300 + i), 0);
+    SavedSession meta = MakeMeta(TestId(300 + i), 0);
     ExtendMeta(&meta, 2);
     auto before = TreeOf(options.dir);
     full = store->WriteTurn(meta, MakeTurn(1, 0, 2).segment);
@@ -223,7 +223,7 @@ TEST(StateDiskFullTest, ReadOnlyFileSystemIsRefusedAtStart) {
   StoreOptions options = TestOptions(fs.path());
   {
     ASSERT_OK_AND_ASSIGN(auto store, StateStore::Create(options));
-    SessionMeta meta = MakeMeta(TestId(400), 0);
+    SavedSession meta = MakeMeta(TestId(400), 0);
     ExtendMeta(&meta, 2);
     ASSERT_OK(store->WriteTurn(meta, MakeTurn(1, 0, 2).segment));
   }

@@ -110,9 +110,9 @@ TEST(TypesTest, ErrorKindTravelsWithTheStatus) {
 }
 
 TEST(TypesTest, MetaValidateNamesTheField) {
-  SessionMeta m = MakeMeta(TestId(1), 4);
+  SavedSession m = MakeMeta(TestId(1), 4);
   EXPECT_THAT(m.Validate(), IsOk());
-  SessionMeta bad = m;
+  SavedSession bad = m;
   bad.id = "../etc";
   EXPECT_THAT(bad.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, "id:"));
   bad = m;

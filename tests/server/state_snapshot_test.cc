@@ -115,7 +115,7 @@ class SnapshotTest : public ::testing::Test {
   StoreOptions src_options_, dst_options_;
   std::unique_ptr<StateStore> src_, dst_;
   const std::string id_ = TestId(40, "echokv-1");
-  SessionMeta meta_;
+  SavedSession meta_;
   std::vector<TurnData> turns_;
   std::vector<std::string> known_;  // ids dst_ holds on purpose
 };
@@ -150,7 +150,7 @@ TEST_F(SnapshotTest, RoundTripsInAnyChunking) {
   EXPECT_EQ(Export(dst_.get(), id_, 1 << 20), stream);
   ExpectSameSession(dst_.get(), TestId(41));
   // Imported sessions take more turns.
-  SessionMeta next = meta_;
+  SavedSession next = meta_;
   next.id = TestId(41);
   int64_t begin = static_cast<int64_t>(next.tokens.size());
   ExtendMeta(&next, 2, 3);
@@ -168,7 +168,7 @@ TEST_F(SnapshotTest, TheCallerSeesTheManifestEarlyAndMayEditOrRefuse) {
   EXPECT_EQ(importer->manifest()->meta.tokens, meta_.tokens);
   EXPECT_GT(importer->manifest()->TotalSegmentBytes(), 0u);
   ASSERT_OK(importer->Feed(absl::string_view(stream).substr(manifest_end)));
-  ASSERT_OK_AND_ASSIGN(SessionManifest m, importer->Finish(TestId(61), [](SessionMeta& meta) {
+  ASSERT_OK_AND_ASSIGN(SessionManifest m, importer->Finish(TestId(61), [](SavedSession& meta) {
                          meta.ttl = absl::Seconds(42);
                          return absl::OkStatus();
                        }));
@@ -177,14 +177,14 @@ TEST_F(SnapshotTest, TheCallerSeesTheManifestEarlyAndMayEditOrRefuse) {
   EXPECT_EQ(reader->manifest().meta.ttl, absl::Seconds(42));
 
   known_ = dst_->SessionIds();
-  auto refuse = [](SessionMeta&) { return absl::ResourceExhaustedError("max_sessions"); };
+  auto refuse = [](SavedSession&) { return absl::ResourceExhaustedError("max_sessions"); };
   auto before = TreeOf(dst_options_.dir);
   auto second = dst_->BeginImport();
   ASSERT_OK(second->Feed(stream));
   EXPECT_THAT(second->Finish(TestId(62), refuse), StatusIs(absl::StatusCode::kResourceExhausted, "max_sessions"));
   auto third = dst_->BeginImport();
   ASSERT_OK(third->Feed(stream));
-  EXPECT_THAT(third->Finish(TestId(63), [](SessionMeta& meta) {
+  EXPECT_THAT(third->Finish(TestId(63), [](SavedSession& meta) {
                 meta.tokens.pop_back();
                 return absl::OkStatus();
               }),
@@ -220,7 +220,7 @@ TEST_F(SnapshotTest, AnExportIsASnapshotInTime) {
   // A superseding turn removes seg-3/seg-4 and a delete removes the directory while the
   // export runs: the stream still reads the state it started from.
   const std::string before = Export(src_.get(), id_, 1 << 20);
-  SessionMeta next = meta_;
+  SavedSession next = meta_;
   int64_t begin = static_cast<int64_t>(next.tokens.size());
   ExtendMeta(&next, 1, 3);
   ASSERT_OK(src_->WriteTurn(next, MakeTurn(3, begin, 1, true).segment));
@@ -285,7 +285,7 @@ TEST_F(SnapshotTest, ForeignAndAlienStreams) {
   StoreOptions oo = TestOptions(other.path());
   oo.model = kOtherModel;
   ASSERT_OK_AND_ASSIGN(auto foreign_store, StateStore::Create(oo));
-  SessionMeta m = MakeMeta(TestId(50), 0);
+  SavedSession m = MakeMeta(TestId(50), 0);
   ExtendMeta(&m, 3);
   ASSERT_OK(foreign_store->WriteTurn(m, MakeTurn(1, 0, 3).segment));
   const std::string foreign = Export(foreign_store.get(), TestId(50), 1 << 20);
@@ -450,7 +450,7 @@ TEST_F(SnapshotTest, AFailedImportWriteChangesNothingAtEveryFailurePoint) {
 // what the store wrote and what it exported: same sessions, tokens, segments, and per
 // blob the same dtype, shape and bytes (their XXH3-64).
 TEST_F(SnapshotTest, AnIndependentReaderOfTheDocumentedFormatAgrees) {
-  SessionMeta evict = MakeMeta(TestId(60), 0, 4);
+  SavedSession evict = MakeMeta(TestId(60), 0, 4);
   evict.memory = MemoryMode::kEvict;
   ExtendMeta(&evict, 9, 4);
   TurnData evict_turn = MakeTurn(4, 0, 9);
@@ -463,7 +463,7 @@ TEST_F(SnapshotTest, AnIndependentReaderOfTheDocumentedFormatAgrees) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   nlohmann::json out = nlohmann::json::parse(r.out);
 
-  auto expect_session = [&](const nlohmann::json& got, const SessionMeta& meta,
+  auto expect_session = [&](const nlohmann::json& got, const SavedSession& meta,
                             const std::vector<const NewSegment*>& segments) {
     EXPECT_EQ(got["id"], meta.id);
     EXPECT_EQ(got["memory"], std::string(MemoryModeName(meta.memory)));

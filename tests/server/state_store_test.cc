@@ -47,7 +47,7 @@ class CountingObserver : public StateObserver {
 
 // A session grown turn by turn, with what each turn wrote (the oracle for read-backs).
 struct Grown {
-  SessionMeta meta;
+  SavedSession meta;
   std::vector<TurnData> turns;  // still referenced: index = segment in the manifest
 };
 
@@ -212,10 +212,10 @@ TEST(StateStoreTest, UpdateAndDelete) {
   ga.meta.last_used += absl::Hours(1);
   ga.meta.ttl = absl::InfiniteDuration();
   ASSERT_OK(store->UpdateSession(ga.meta));
-  SessionMeta grown = ga.meta;
+  SavedSession grown = ga.meta;
   ExtendMeta(&grown, 1);
   EXPECT_THAT(store->UpdateSession(grown), StatusIs(absl::StatusCode::kInvalidArgument, "token history"));
-  SessionMeta unknown = MakeMeta(TestId(99), 0);
+  SavedSession unknown = MakeMeta(TestId(99), 0);
   EXPECT_THAT(store->UpdateSession(unknown), StatusIs(absl::StatusCode::kNotFound, TestId(99)));
 
   ASSERT_OK(store->DeleteSession(b));
@@ -266,7 +266,7 @@ TEST(StateStoreTest, BadInputIsRefusedAndWritesNothing) {
   Grown g = Grow(store.get(), id, {4});
   auto before = TreeOf(options.dir);
 
-  SessionMeta next = g.meta;
+  SavedSession next = g.meta;
   ExtendMeta(&next, 3);
   TurnData gap = MakeTurn(1, 5, 2);  // begins at 5, the session ends at 4
   EXPECT_THAT(store->WriteTurn(next, gap.segment), StatusIs(absl::StatusCode::kInvalidArgument, "token_begin"));
@@ -278,14 +278,14 @@ TEST(StateStoreTest, BadInputIsRefusedAndWritesNothing) {
   TurnData dup = MakeTurn(1, 4, 3);
   dup.segment.blobs[1].name = "cold.k.0";
   EXPECT_THAT(store->WriteTurn(next, dup.segment), StatusIs(absl::StatusCode::kInvalidArgument, "twice"));
-  SessionMeta bad_id = next;
+  SavedSession bad_id = next;
   bad_id.id = "../" + id;
   EXPECT_THAT(store->WriteTurn(bad_id, MakeTurn(1, 4, 3).segment), StatusIs(absl::StatusCode::kInvalidArgument, "id"));
-  SessionMeta non_utf8 = next;
+  SavedSession non_utf8 = next;
   non_utf8.tenant = "\xc3";
   EXPECT_THAT(store->WriteTurn(non_utf8, MakeTurn(1, 4, 3).segment), StatusIs(absl::StatusCode::kInvalidArgument, "JSON"));
   // A new session must start at token 0 unless its segment supersedes.
-  SessionMeta fresh = MakeMeta(TestId(6), 0);
+  SavedSession fresh = MakeMeta(TestId(6), 0);
   ExtendMeta(&fresh, 3);
   TurnData late = MakeTurn(1, 0, 3);
   late.segment.token_begin = 1;
@@ -303,7 +303,7 @@ TEST(StateStoreTest, NeverWritesWhatRecoveryWouldRefuse) {
   options.limits.max_manifest_json_bytes = 1000;
   options.limits.max_blob_table_bytes = 200;
   ASSERT_OK_AND_ASSIGN(auto store, StateStore::Create(options));
-  SessionMeta meta = MakeMeta(TestId(8), 0);
+  SavedSession meta = MakeMeta(TestId(8), 0);
   ExtendMeta(&meta, 2);
   EXPECT_THAT(store->WriteTurn(meta, MakeTurn(1, 0, 2).segment),
               StatusIs(absl::StatusCode::kInvalidArgument, "blob table"));
@@ -341,7 +341,7 @@ TEST(StateStoreTest, SessionsWriteInParallel) {
   std::vector<absl::Status> results(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      SessionMeta meta = MakeMeta(TestId(70 + t), 0, t);
+      SavedSession meta = MakeMeta(TestId(70 + t), 0, t);
       for (int i = 0; i < kTurns && results[t].ok(); ++i) {
         int64_t begin = static_cast<int64_t>(meta.tokens.size());
         ExtendMeta(&meta, 3, t);
@@ -558,7 +558,7 @@ TEST(StateStoreTest, EveryCorruptionIsReportedAndTheRestLoads) {
     // The store does not know it: no writes land on it, its id cannot be reused.
     EXPECT_FALSE(store->Contains(ids.victim));
     EXPECT_THAT(store->OpenSession(ids.victim), StatusIs(absl::StatusCode::kNotFound, ids.victim));
-    SessionMeta reuse = MakeMeta(ids.victim, 0);
+    SavedSession reuse = MakeMeta(ids.victim, 0);
     ExtendMeta(&reuse, 2);
     EXPECT_THAT(store->WriteTurn(reuse, MakeTurn(1, 0, 2).segment),
                 StatusIs(absl::StatusCode::kAlreadyExists, ids.victim));
@@ -589,7 +589,7 @@ TEST(StateStoreTest, PayloadCorruptionIsFoundWhenTheSessionIsOpened) {
   EXPECT_THAT(observer.errors, ElementsAre(ErrorKind::kChecksum));
   // Refused from now on: no reads, no writes, no export; files untouched.
   EXPECT_THAT(store->OpenSession(ids.victim), StatusIs(absl::StatusCode::kFailedPrecondition, "verification"));
-  SessionMeta next = MakeMeta(ids.victim, 11, 7);
+  SavedSession next = MakeMeta(ids.victim, 11, 7);
   ExtendMeta(&next, 1, 7);
   EXPECT_THAT(store->WriteTurn(next, MakeTurn(7, 11, 1).segment),
               StatusIs(absl::StatusCode::kFailedPrecondition, "verification"));
@@ -662,7 +662,7 @@ TEST(StateStoreTest, LeftoversOfUnacknowledgedWorkAreRemoved) {
   EXPECT_FALSE(fs::exists(sessions + "/.tmp-" + TestId(20) + "-1-2-3"));
   EXPECT_FALSE(fs::exists(sessions + "/.del-" + TestId(21) + "-1-2-3"));
   // The next turn takes seq 4 with real content.
-  SessionMeta meta = r.sessions[2].meta.id == ids.victim ? r.sessions[2].meta : r.sessions[1].meta;
+  SavedSession meta = r.sessions[2].meta.id == ids.victim ? r.sessions[2].meta : r.sessions[1].meta;
   ASSERT_EQ(meta.id, ids.victim);
   int64_t begin = static_cast<int64_t>(meta.tokens.size());
   ExtendMeta(&meta, 2, 7);
@@ -691,7 +691,7 @@ std::vector<Scenario> Scenarios() {
     Grow(store, other, {2});
   };
   auto meta_after = [=](int64_t extra) {
-    SessionMeta m = MakeMeta(id, 7);
+    SavedSession m = MakeMeta(id, 7);
     m.last_used = m.created + absl::Seconds(7);
     ExtendMeta(&m, extra);
     return m;
@@ -705,7 +705,7 @@ std::vector<Scenario> Scenarios() {
   std::vector<Scenario> out;
   out.push_back({"create", setup,
                  [=](StateStore* store) {
-                   SessionMeta m = MakeMeta(TestId(32), 5);
+                   SavedSession m = MakeMeta(TestId(32), 5);
                    return store->WriteTurn(m, MakeTurn(3, 0, 5).segment);
                  },
                  [=](const RecoveryResult& r) {
@@ -735,7 +735,7 @@ std::vector<Scenario> Scenarios() {
                  }});
   out.push_back({"update", setup,
                  [=](StateStore* store) {
-                   SessionMeta m = meta_after(0);
+                   SavedSession m = meta_after(0);
                    m.last_used += absl::Hours(2);
                    return store->UpdateSession(m);
                  },

@@ -82,8 +82,8 @@ int32_t TokenAt(uint64_t seed, int64_t i) {
   return static_cast<int32_t>((static_cast<uint64_t>(i) * 2654435761u + seed * 97) % 50000);
 }
 
-SessionMeta MakeMeta(const std::string& id, int64_t tokens, uint64_t seed) {
-  SessionMeta m;
+SavedSession MakeMeta(const std::string& id, int64_t tokens, uint64_t seed) {
+  SavedSession m;
   m.id = id;
   m.tenant = "tenant-a";
   m.memory = MemoryMode::kTiered;
@@ -96,7 +96,7 @@ SessionMeta MakeMeta(const std::string& id, int64_t tokens, uint64_t seed) {
   return m;
 }
 
-void ExtendMeta(SessionMeta* meta, int64_t new_tokens, uint64_t seed) {
+void ExtendMeta(SavedSession* meta, int64_t new_tokens, uint64_t seed) {
   int64_t n = static_cast<int64_t>(meta->tokens.size());
   for (int64_t i = 0; i < new_tokens; ++i) meta->tokens.push_back(TokenAt(seed, n + i));
   meta->next_position = n + new_tokens;

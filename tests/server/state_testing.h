@@ -57,10 +57,10 @@ TurnData TurnForRange(uint64_t seed, int64_t token_begin, int64_t token_end, boo
 TurnData MakeTurn(uint64_t seed, int64_t begin, int64_t new_tokens, bool supersedes = false);
 
 // Session meta for `id` with `tokens` token ids derived from seed.
-SessionMeta MakeMeta(const std::string& id, int64_t tokens, uint64_t seed = 1);
+SavedSession MakeMeta(const std::string& id, int64_t tokens, uint64_t seed = 1);
 // Token i of a history made by MakeMeta / ExtendMeta.
 int32_t TokenAt(uint64_t seed, int64_t i);
-void ExtendMeta(SessionMeta* meta, int64_t new_tokens, uint64_t seed = 1);
+void ExtendMeta(SavedSession* meta, int64_t new_tokens, uint64_t seed = 1);
 
 // Every file (path -> bytes) and directory (path + "/" -> "") under root, relative paths.
 std::map<std::string, std::string> TreeOf(const std::string& root);
