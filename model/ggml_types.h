@@ -5,7 +5,7 @@
 // (gguf/quants.py, `dequantize_blocks` of each type) operation for operation: every
 // product and sum is one float32 rounding in the same order (this file is compiled with
 // -ffp-contract=off, so no fused multiply-add merges two of them), so the results are
-// the same bits (tests/model/gguf_dequant_test.cc checks that against golden files the
+// the same bits (tests/model/gguf_golden_test.cc checks that against golden files the
 // package made, tools/oracle/).
 //
 //   const GgmlTypeInfo* t = FindGgmlType(3);            // Q4_1: 32 values in 20 bytes

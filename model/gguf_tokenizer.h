@@ -13,7 +13,7 @@
 //     on its own before GPT-2's regex, like the original SmolLM2 tokenizer.json
 //     (Digits(individual_digits) + ByteLevel); transformers' GGUF tokenizer (5.x)
 //     knows no "smollm" and falls back to GPT-2's regex, so the two differ on runs of
-//     digits only (tests/model/gguf_tokenizer_test.cc pins both facts);
+//     digits only (tests/model/smollm2_golden_test.cc pins both facts);
 //   - add_bos_token / add_eos_token from `tokenizer.ggml.add_bos_token` /
 //     `add_eos_token` (default false for gpt2 files).
 // `tokenizer.chat_template` is the model's Jinja template, rendered by jinja/.

@@ -12,7 +12,11 @@ in the repository:
 - a section `docs/ALGORITHM.md §N` / `§N.M` / `§N step K` or `docs/SESSION_MEMORY.md §N`
   that the document does not have (a `## N.` heading; for `§N.M`, item M of the numbered
   list under `## N.`);
-- a quoted section `docs/ENGINE.md "Name"` that is not one of its `## ` headings.
+- a quoted section `docs/ENGINE.md "Name"` that is not one of its `## ` headings;
+- a path of the tree's own sources (`server/engine/engine.h`, `tests/model/x_test.cc`, ...)
+  that exists neither from the repository root nor from the citing file's folder or one
+  above it (generated `*.pb.h` files and the journal of old measurements excepted): a
+  comment must not point at a file that was moved or deleted.
 
     /usr/bin/python3 tests/docs/doc_references_test.py REPO_ROOT     # ctest docs_references_test
 """
@@ -34,6 +38,20 @@ DOC_PATH = re.compile(r"(?<![\w/.-])docs/([\w/.-]+?\.md)")
 SECTIONS = re.compile(r"docs/(ALGORITHM|SESSION_MEMORY)\.md((?:[ ,/]*(?:and )?§\d+(?:\.\d+)?(?: step \d+)?(?:\s*[-–]\s*§\d+(?:\.\d+)?)?)+)")
 SECTION = re.compile(r"§(\d+)(?:\.(\d+))?(?: step (\d+))?")
 QUOTED = re.compile(r'docs/ENGINE\.md,? "([^"]+)"')
+SOURCE_PATH = re.compile(r"(?<![\w/.\-$])((?:server|model|kernels|compression|common|bench|tools|tests|client|deploy|"
+                         r"scripts|jinja|proto)/[A-Za-z0-9_/.\-]+\.(?:h|cc|py|sh|proto|cu|cuh))\b")
+JOURNAL = os.path.join("docs", "benchmarks", "JOURNAL.md")  # a record of the past: old paths stay
+
+
+def source_exists(root, citing, cited):
+    """`cited` from the root, or from the citing file's folder or any folder above it."""
+    d = os.path.dirname(citing)
+    while True:
+        if os.path.exists(os.path.join(d, cited)):
+            return True
+        if os.path.abspath(d) == os.path.abspath(root) or not d:
+            return os.path.exists(os.path.join(root, cited))
+        d = os.path.dirname(d)
 
 
 def sections_of(path):
@@ -70,6 +88,7 @@ def main():
     this = os.path.abspath(__file__)
     errors = []
     checked = 0
+    sources = 0
     for path in files(root):
         if os.path.abspath(path) == this:
             continue
@@ -97,12 +116,19 @@ def main():
             for m in QUOTED.finditer(line):
                 if "ENGINE" in docs and m.group(1) not in docs["ENGINE"][1]:
                     errors.append(f'{where}: docs/ENGINE.md has no section "{m.group(1)}"')
+            if rel != JOURNAL:
+                for m in SOURCE_PATH.finditer(line):
+                    if m.group(1).endswith(".pb.h"):
+                        continue  # generated in the build tree
+                    sources += 1
+                    if not source_exists(root, path, m.group(1)):
+                        errors.append(f"{where}: {m.group(1)} does not exist")
     for e in errors:
         print(e)
     if checked == 0:
         print(f"no docs/*.md citation found under {root}: wrong root?")
         return 1
-    print(f"{checked} citations of docs/*.md checked, {len(errors)} bad")
+    print(f"{checked} citations of docs/*.md and {sources} of source files checked, {len(errors)} bad")
     return 1 if errors else 0
 
 

@@ -1,5 +1,5 @@
 // proto -> native conversion of request fields at the gRPC edge (service.cc), kept apart
-// from the reactors so tests/fuzz/fuzz_grpc_request.cc can drive exactly what the service
+// from the reactors so tests/fuzz/fuzz_edge.cc can drive exactly what the service
 // runs on a parsed request (wire_check.h parses the bytes first).
 //
 //   pb::CreateSessionRequest req;  // parsed by ParseRequest
