@@ -65,7 +65,9 @@ TEST(NativeWeightsTest, SmolLM2NativeStaysCloseToFloat32) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Tokenizer> tok, LoadTokenizer(*path));
   std::printf("decode weight bytes: float32 %.1f MB, native %.1f MB\n", f32->DecodeWeightBytes() / 1e6,
               native->DecodeWeightBytes() / 1e6);
-  if (std::getenv("ECHOKV_NATIVE_GGUF") == nullptr) EXPECT_LT(native->DecodeWeightBytes() * 5, f32->DecodeWeightBytes());
+  if (std::getenv("ECHOKV_NATIVE_GGUF") == nullptr) {
+    EXPECT_LT(native->DecodeWeightBytes() * 5, f32->DecodeWeightBytes());
+  }
 
   const char* prompts[] = {
       "The capital of France is",
