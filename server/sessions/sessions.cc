@@ -16,7 +16,6 @@ void Completion::Abandon() {
 void Completion::Ended(bool ok) {
   absl::MutexLock lock(&mu_);
   ended_ = true;
-  ok_ = ok;
   if (mode_ == CompletionRequest::Session::kStateless || !ok || abandoned_) DeleteCreated();
 }
 

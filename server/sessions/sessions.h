@@ -82,7 +82,6 @@ class Completion {
   absl::Mutex mu_;
   std::string created_ ABSL_GUARDED_BY(mu_);  // the session this completion created
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
-  bool ok_ ABSL_GUARDED_BY(mu_) = false;
   bool abandoned_ ABSL_GUARDED_BY(mu_) = false;
   bool deleted_ ABSL_GUARDED_BY(mu_) = false;
 };
