@@ -40,6 +40,7 @@
 #include "common/env.h"
 #include "common/flag_names.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "model/sampler.h"
 #include "model/transformer.h"
 
@@ -59,6 +60,11 @@ ABSL_FLAG(bool, roofline, false,
 ABSL_FLAG(std::string, llama2c_bin, "",
           "peers: llama2.c `run` binaries you built from karpathy/llama2.c (commit 350e04fe) with its own Makefile "
           "(make run / runfast / runomp), comma-separated [LABEL=]PATH (label: the file name); empty = none");
+ABSL_FLAG(bool, cache_dtypes, false,
+          "issue 31: after the contexts table, decode from each context's one prefill with its cache in float32 "
+          "and in int8 (KvCache::ToStorage), --repeats interleaved pairs, median tok/s each and the ratio");
+ABSL_FLAG(int, repeats, 3, "pairs per context for --cache_dtypes");
+ABSL_FLAG(std::string, batch_cache_dtype, "float32", "float32 | int8: the batched table's caches (--batches)");
 ABSL_FLAG(std::string, llama2c_dir, "",
           "where the peers' input files (model.bin, tok.bin) are written; empty = a fresh directory under $TMPDIR");
 
@@ -73,6 +79,48 @@ std::string LoadAverage() {
   std::ifstream in("/proc/loadavg");
   std::string one;
   return in >> one ? one : "?";
+}
+
+// Issue 31: single-stream decode from one prefill per context, its cache in float32 and
+// in int8 (the same rows quantized), `repeats` pairs in alternating order.
+absl::Status CacheDtypePairs(const echokv::model::Transformer& model, const std::vector<int>& contexts, int decode,
+                             int chunk, int repeats) {
+  const auto& cfg = model.config();
+  std::printf("\ncache dtypes: %d greedy Decode steps from one prefill per context, the cache as float32 and as int8 "
+              "(ToStorage), %d interleaved pairs (order alternating), median tok/s; KiB = the cache after the "
+              "prefill\n", decode, repeats);
+  std::printf("%-8s %14s %14s %8s %12s %12s %6s\n", "context", "f32 tok/s", "int8 tok/s", "ratio", "f32 KiB",
+              "int8 KiB", "load1");
+  for (const int context : contexts) {
+    echokv::model::KvCache cache = model.NewCache();
+    echokv::model::ForwardOptions fo;
+    fo.chunk_size = chunk;
+    auto pre = model.Forward(echokv::bench::BenchContext(context, cfg.vocab_size), &cache, fo);
+    if (!pre.ok()) return pre.status();
+    ECHOKV_ASSIGN_OR_RETURN(echokv::model::KvCache int8, cache.ToStorage(echokv::kernels::KvDtype::kInt8));
+    const int first = echokv::model::Argmax(absl::MakeConstSpan(pre->logits.data_ptr<float>(), pre->logits.numel()));
+    std::vector<double> tps[2];
+    for (int r = 0; r < repeats; ++r) {
+      for (int k = 0; k < 2; ++k) {
+        const int which = (r % 2 == 0) ? k : 1 - k;
+        echokv::model::KvCache run = (which == 0 ? cache : int8).Clone();
+        int next = first;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < decode; ++i) {
+          auto step = model.Decode(next, &run);
+          if (!step.ok()) return step.status();
+          next = echokv::model::Argmax(absl::MakeConstSpan(step->logits.data_ptr<float>(), step->logits.numel()));
+        }
+        tps[which].push_back(decode / Seconds(t0, std::chrono::steady_clock::now()));
+      }
+    }
+    for (auto& v : tps) std::sort(v.begin(), v.end());
+    const double f = tps[0][tps[0].size() / 2], q = tps[1][tps[1].size() / 2];
+    std::printf("%-8d %14.1f %14.1f %7.2fx %12.1f %12.1f %6s\n", context, f, q, q / f, cache.KvBytes() / 1024.0,
+                int8.KvBytes() / 1024.0, LoadAverage().c_str());
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -105,9 +153,18 @@ int BatchedDecode(const echokv::model::Transformer& model, const std::string& ba
   } else {
     std::printf("%-8s %14s %12s %10s %6s\n", "streams", "tok/s (all)", "step ms", "GFLOP/s", "load1");
   }
-  echokv::model::KvCache base = model.NewCache();
-  auto pre = model.Forward(echokv::bench::BenchContext(256, c.vocab_size), &base, echokv::model::ForwardOptions());
+  echokv::model::KvCache prefilled = model.NewCache();
+  auto pre = model.Forward(echokv::bench::BenchContext(256, c.vocab_size), &prefilled, echokv::model::ForwardOptions());
   if (!pre.ok()) return echokv::bench::ReportBenchError(pre.status());
+  echokv::kernels::KvDtype dtype = echokv::kernels::KvDtype::kFloat32;
+  if (!echokv::kernels::ParseKvDtype(absl::GetFlag(FLAGS_batch_cache_dtype), &dtype)) {
+    std::fprintf(stderr, "error: --batch_cache_dtype must be float32 or int8\n");
+    return 2;
+  }
+  auto converted = prefilled.ToStorage(dtype);
+  if (!converted.ok()) return echokv::bench::ReportBenchError(converted.status());
+  const echokv::model::KvCache base = std::move(*converted);
+  std::printf("caches: %s (%.1f KiB per 256-token row)\n", echokv::kernels::KvDtypeName(dtype), base.KvBytes() / 1024.0);
   const int first = echokv::model::Argmax(absl::MakeConstSpan(pre->logits.data_ptr<float>(), pre->logits.numel()));
   for (absl::string_view b : absl::StrSplit(batches, ',')) {
     int n = 0;
@@ -115,7 +172,8 @@ int BatchedDecode(const echokv::model::Transformer& model, const std::string& ba
       std::fprintf(stderr, "error: bad --batches entry '%s'\n", std::string(b).c_str());
       return 2;
     }
-    std::vector<echokv::model::KvCache> caches(n, base);
+    std::vector<echokv::model::KvCache> caches;
+    for (int i = 0; i < n; ++i) caches.push_back(base.Clone());  // each row its own storage
     std::vector<echokv::model::DecodeRow> rows(n);
     for (int i = 0; i < n; ++i) rows[i] = {(first + i) % c.vocab_size, &caches[i], false};
     double kv_bytes = 0;  // summed over the steps
@@ -320,6 +378,10 @@ int main(int argc, char** argv) {
     }
     std::printf(" %6s\n", LoadAverage().c_str());
     std::fflush(stdout);
+  }
+  if (absl::GetFlag(FLAGS_cache_dtypes)) {
+    absl::Status s = CacheDtypePairs(**model, contexts, decode, absl::GetFlag(FLAGS_chunk), absl::GetFlag(FLAGS_repeats));
+    if (!s.ok()) return echokv::bench::ReportBenchError(s);
   }
   std::printf("peak RSS: %.1f MiB (VmHWM, after the contexts)\n",
               static_cast<double>(echokv::bench::PeakRssBytes()) / (1 << 20));

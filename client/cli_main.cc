@@ -183,6 +183,7 @@ void AddCompressionFlags(ArgParser& parser, CompressionFlags* flags) {
   parser.AddInt("window", &flags->window, "w: most recent tokens always kept (echokv)");
   parser.AddString("bootstrap", &flags->bootstrap, "proposals|snapkv (echokv ablation)");
   parser.AddBool("repair", &flags->repair, "echokv repair round (--no-repair to ablate)");
+  parser.AddString("cache-dtype", &flags->cache_dtype, "float32|int8: storage of the retained tier (default: server's)");
 }
 
 // Drains a SessionProgress stream: progress on stderr, returns the final Session.

@@ -69,6 +69,7 @@ struct CompressionFlags {
   std::optional<int64_t> window;
   std::optional<std::string> bootstrap;
   std::optional<bool> repair;
+  std::optional<std::string> cache_dtype;  // float32 | int8
 };
 
 // Errors: INVALID_ARGUMENT naming the flag when a value does not fit int32 (the

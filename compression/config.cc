@@ -73,6 +73,10 @@ absl::StatusOr<Bootstrap> ParseBootstrap(absl::string_view name) {
 
 absl::Status CompressionConfig::Validate() const {
   // docs/ALGORITHM.md §5: reject, never clamp.
+  if (cache_dtype != kernels::KvDtype::kFloat32 && cache_dtype != kernels::KvDtype::kInt8) {
+    return MakeError(ErrorKind::kInvalidArgument, "cache_dtype",
+                     absl::StrCat("cache_dtype must be float32 or int8, got ", kernels::KvDtypeName(cache_dtype)));
+  }
   if (budget < 1 || budget > kMaxEntries) {
     return MakeError(ErrorKind::kInvalidArgument, "budget",
         absl::StrCat("budget must be in [1, ", kMaxEntries, "], got ", budget));

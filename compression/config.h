@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "kernels/kv_quant.h"
 
 namespace echokv::compression {
 
@@ -40,6 +41,10 @@ struct CompressionConfig {
   bool repair = true;                 // echokv ablation
   int snapkv_window = 32;             // >= 1 (snapkv, pyramidkv, laq workspace)
   int snapkv_kernel = 7;              // odd >= 1
+  // The retained (hot) tier's storage (issue 31): float32 or int8 (kernels/kv_quant.h:
+  // per-token rows with a float32 scale). Selection always scores full precision; only
+  // what is kept is quantized. bfloat16 is a kernels format, not offered as a storage.
+  kernels::KvDtype cache_dtype = kernels::KvDtype::kFloat32;
 
   // Checks the bounds of docs/ALGORITHM.md §5; the message names the field
   // ("lookahead must be even ...", "workspace ...").

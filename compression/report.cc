@@ -57,6 +57,7 @@ std::string ReportToJson(const CompressionReport& report) {
   j["repair"] = c.repair;
   j["snapkv_window"] = c.snapkv_window;
   j["snapkv_kernel"] = c.snapkv_kernel;
+  j["cache_dtype"] = kernels::KvDtypeName(c.cache_dtype);
   j["context_tokens"] = report.context_tokens;
   j["num_layers"] = report.num_layers;
   j["num_kv_heads"] = report.num_kv_heads;
@@ -104,6 +105,11 @@ absl::StatusOr<CompressionReport> ReportFromJson(absl::string_view json) {
     c.repair = j.at("repair").get<bool>();
     c.snapkv_window = j.at("snapkv_window").get<int>();
     c.snapkv_kernel = j.at("snapkv_kernel").get<int>();
+    if (j.contains("cache_dtype")) {  // absent before issue 31: float32
+      if (!kernels::ParseKvDtype(j.at("cache_dtype").get<std::string>(), &c.cache_dtype)) {
+        return absl::InvalidArgumentError("report: unknown cache_dtype");
+      }
+    }
     r.context_tokens = j.at("context_tokens").get<int64_t>();
     r.num_layers = j.at("num_layers").get<int>();
     r.num_kv_heads = j.at("num_kv_heads").get<int>();

@@ -328,7 +328,12 @@ class CompressionTask::Impl {
       if (result_.indices[l].size(1) != ctx.size(l)) continue;
       for (int g = 0; g < groups_; ++g) report.retained_mass[static_cast<size_t>(l) * groups_ + g] = 1.0;
     }
-    report.retained_kv_bytes = report.retained_entries * entry_bytes;
+    // What is kept is stored in config_.cache_dtype (int8 rows count their scales); the
+    // full cache it is measured against stays in the context's dtype.
+    const int64_t kept_bytes = config_.cache_dtype == kernels::KvDtype::kInt8
+                                   ? kernels::KvEntryBytes(kernels::KvDtype::kInt8, ctx.head_dim())
+                                   : entry_bytes;
+    report.retained_kv_bytes = report.retained_entries * kept_bytes;
     report.full_kv_bytes = report.total_entries * entry_bytes;
     report.evicted = report.retained_entries < report.total_entries;
     phase_ = Phase::kDone;

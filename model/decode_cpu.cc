@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "kernels/attention_int8.h"
 #include "kernels/block_matmul.h"
 #include "kernels/matmul_rows.h"
 #include "kernels/softmax.h"
@@ -294,6 +295,32 @@ void Transformer::Impl::AttendGroup(const KvCache& cache, int layer, const Group
   const int64_t h0 = split.HeadBegin(t), heads = split.HeadEnd(t) - h0, g = split.Group(t);
   const float* q = q_row + h0 * d;
   float* out = out_row + h0 * d;
+  if (cache.is_int8()) {
+    // An int8 cache (issue 31): the group's rows read where they lie, these heads alone
+    // (kernels/attention_int8.h: one work item = one group with the heads it is given).
+    thread_local std::vector<const int64_t*> kpos;
+    kernels::DecodeAttentionInt8Args a = cache.Int8AttentionArgs(layer, &kpos);
+    if (a.n == 0) {
+      std::fill(out, out + heads * d, 0.0f);
+      return;
+    }
+    a.num_heads = heads;
+    a.num_kv_heads = 1;
+    a.k += g * a.kv_group_stride;
+    a.v += g * a.kv_group_stride;
+    a.k_scales += g * a.k_scale_group_stride;
+    a.v_scales += g * a.v_scale_group_stride;
+    a.key_positions = kpos.data() + g;
+    a.q = q;
+    a.q_head_stride = d;
+    a.q_position = pos;
+    a.sliding_window = window ? config.sliding_window : 0;
+    a.scale = scale;
+    a.out = out;
+    a.out_head_stride = d;
+    kernels::DecodeAttentionInt8(a, 0, 1);
+    return;
+  }
   const int64_t stride = cache.GroupStride(layer);
   const float* keys = cache.KeyData(layer) + g * stride;
   const float* values = cache.ValueData(layer) + g * stride;

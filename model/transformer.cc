@@ -194,7 +194,8 @@ absl::StatusOr<ForwardResult> Transformer::Forward(absl::Span<const int> tokens,
 
   // CPU float32 (model and cache) attends with the fused kernel; other devices and
   // dtypes with the ATen composition (Impl::Attention).
-  const bool fused = impl_->CanUseCpuKernels(*cache);
+  // An int8 cache (issue 31) attends over its dequantized rows by the composition.
+  const bool fused = impl_->CanUseCpuKernels(*cache) && !cache->is_int8();
   impl_->pools->ForBatched();
   // Per-op laps for options.profile (nothing is timed without it).
   auto lap_start = std::chrono::steady_clock::now();

@@ -123,6 +123,9 @@ ABSL_FLAG(absl::Duration, stuck_after, absl::Seconds(30),
           "Health turns NOT_SERVING when work is waiting and no engine step completed for this long");
 ABSL_FLAG(std::string, default_policy, "echokv", "Compression policy when a request sets none");
 ABSL_FLAG(int, default_budget, 512, "Default budget B (entries per layer and KV group)");
+ABSL_FLAG(std::string, default_cache_dtype, "float32",
+          "Storage of a session's retained tier when a request sets none: float32 or int8 (int8 rows with a "
+          "float32 scale per token and KV group, 0.27x the bytes at head_dim 64; CPU float32 only)");
 ABSL_FLAG(int, default_lookahead, 8, "Default lookahead T (even)");
 ABSL_FLAG(int, default_workspace, 0, "Default workspace B1; 0 = the policy's default");
 ABSL_FLAG(int, default_window, 0, "Default EchoKV stage-2 window w");
@@ -210,6 +213,11 @@ absl::StatusOr<EngineConfig> ConfigFromFlags() {
   c.default_compression.lookahead = absl::GetFlag(FLAGS_default_lookahead);
   if (absl::GetFlag(FLAGS_default_workspace) > 0) c.default_compression.workspace = absl::GetFlag(FLAGS_default_workspace);
   c.default_compression.stage2_window = absl::GetFlag(FLAGS_default_window);
+  if (const std::string d = absl::GetFlag(FLAGS_default_cache_dtype);
+      !kernels::ParseKvDtype(d, &c.default_compression.cache_dtype) ||
+      c.default_compression.cache_dtype == kernels::KvDtype::kBFloat16) {
+    return absl::InvalidArgumentError(absl::StrCat("--default_cache_dtype must be float32 or int8, got '", d, "'"));
+  }
   EngineLimits& l = c.limits;
   l.max_context_tokens = absl::GetFlag(FLAGS_max_context_tokens);
   l.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);

@@ -64,6 +64,8 @@ ABSL_FLAG(std::string, memory, "tiered,evict",
 ABSL_FLAG(int, question_tokens, 0,
           "with --turns: tokens of the final (question) turn (0 = after the last evidence span, else 8)");
 ABSL_FLAG(int, prefill_chunk, 256, "with --turns: tokens per prefill call of a turn (the server's default)");
+ABSL_FLAG(std::string, cache_dtypes, "float32",
+          "storages of the compact cache, comma-separated: float32, int8 (issue 31; int8 rows: policy@int8)");
 ABSL_FLAG(int, limit, 0, "evaluate only the first N cases (0 = all)");
 ABSL_FLAG(int, threads, 0, "LibTorch threads (0 = $ECHOKV_THREADS or all cores)");
 ABSL_FLAG(int, resamples, 2000, "bootstrap resamples for the 95% intervals");
@@ -146,6 +148,15 @@ int main(int argc, char** argv) {
     }
     if (opt.memory_modes.empty()) return Fail("--memory: give tiered and/or evict with --turns");
   }
+  opt.cache_dtypes.clear();
+  for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_cache_dtypes), ',', absl::SkipEmpty())) {
+    echokv::kernels::KvDtype dtype;
+    if (!echokv::kernels::ParseKvDtype(std::string(d), &dtype) || dtype == echokv::kernels::KvDtype::kBFloat16) {
+      return Fail(absl::StrCat("--cache_dtypes: \"", d, "\" is not float32 or int8"));
+    }
+    opt.cache_dtypes.push_back(dtype);
+  }
+  if (opt.cache_dtypes.empty()) return Fail("--cache_dtypes: give float32 and/or int8");
   if (absl::GetFlag(FLAGS_question_tokens) != 0) opt.question_tokens = absl::GetFlag(FLAGS_question_tokens);
   opt.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   if (absl::Status s = opt.Validate(); !s.ok()) return Fail(s.ToString());

@@ -122,6 +122,12 @@ absl::Status CheckFitsImpl(const model::ModelConfig& cfg, const EvalOptions& opt
 
 using Emit = std::function<void(const std::string&, int, const std::string&, double)>;
 
+// The policy column of a row measured with `dtype`'s compact cache: "echokv" (float32),
+// "echokv@int8".
+std::string DtypeRowName(const std::string& name, kernels::KvDtype dtype) {
+  return dtype == kernels::KvDtype::kFloat32 ? name : absl::StrCat(name, "@", kernels::KvDtypeName(dtype));
+}
+
 // What every measurement compares against: the one-shot prefill of the whole prompt and
 // the full cache's greedy continuation.
 struct Reference {
@@ -339,7 +345,12 @@ absl::StatusOr<std::vector<MetricRow>> EvaluateImpl(const model::Transformer& m,
         // Kept entries are context entry indices; for a fresh context those are positions.
         IndexSets kept;
         for (const at::Tensor& idx : result->indices) kept.push_back(Rows(idx));
-        ECHOKV_RETURN_IF_ERROR(Measure(m, opt, c, ref, name, b, std::move(compact), kept, x[0], emit));
+        for (kernels::KvDtype dtype : opt.cache_dtypes) {
+          if (policy == PolicyKind::kFull && dtype != kernels::KvDtype::kFloat32) continue;
+          ECHOKV_ASSIGN_OR_RETURN(model::KvCache stored, compact.ToStorage(dtype));
+          ECHOKV_RETURN_IF_ERROR(Measure(m, opt, c, ref, DtypeRowName(name, dtype), b, stored.Clone(), kept, x[0],
+                                         emit));
+        }
       }
     }
   }
@@ -349,9 +360,13 @@ absl::StatusOr<std::vector<MetricRow>> EvaluateImpl(const model::Transformer& m,
     ECHOKV_ASSIGN_OR_RETURN(const std::vector<int> sizes, SplitTurns(c, opt.turns, opt.question_tokens));
     for (server::MemoryMode mode : opt.memory_modes) {
       for (PolicyKind policy : opt.policies) {
-        const std::string name = TurnRowName(policy, mode);
+        for (kernels::KvDtype dtype : opt.cache_dtypes) {
+        if (policy == PolicyKind::kFull && dtype != kernels::KvDtype::kFloat32) continue;
+        const std::string name = DtypeRowName(TurnRowName(policy, mode), dtype);
         for (int b : opt.budgets) {
-          auto session = RunTurns(m, opt.ConfigFor(policy, b), mode, c.prompt_ids, sizes, opt.prefill_chunk);
+          compression::CompressionConfig cfg = opt.ConfigFor(policy, b);
+          cfg.cache_dtype = dtype;
+          auto session = RunTurns(m, cfg, mode, c.prompt_ids, sizes, opt.prefill_chunk);
           if (!session.ok()) {
             return absl::Status(session.status().code(), absl::StrCat("case ", c.id, ", ", name, " B=", b, ": ",
                                                                       session.status().message()));
@@ -372,6 +387,7 @@ absl::StatusOr<std::vector<MetricRow>> EvaluateImpl(const model::Transformer& m,
           }
           ECHOKV_RETURN_IF_ERROR(
               Measure(m, opt, c, ref, name, b, data.hot.Clone(), kept, Greedy(data.last_logits), emit));
+        }
         }
       }
     }

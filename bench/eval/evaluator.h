@@ -83,6 +83,10 @@ struct EvalOptions {
   std::optional<int> question_tokens;  // SplitTurns' q (default: after the evidence, or 8)
   int prefill_chunk = 256;         // TurnSpec::prefill_chunk (the server's default, and the
                                    // one-shot prefill's ForwardOptions::chunk_size)
+  // Storages of the compact cache (issue 31): each non-full policy and budget is measured
+  // once per dtype; an int8 row's policy column gets "@int8" ("echokv@int8",
+  // "echokv/tiered@int8"). The full cache stays float32 (the reference).
+  std::vector<kernels::KvDtype> cache_dtypes = {kernels::KvDtype::kFloat32};
 
   // Non-empty policies and budgets, bounds above, and every per-policy config valid;
   // the message names the field.

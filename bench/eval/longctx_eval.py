@@ -144,15 +144,17 @@ class Server:
         return code
 
 
-def run_one(client, case, setting, policy, ratio):
-    """One session of the case: its answer and figures."""
+def run_one(client, case, setting, policy, ratio, cache_dtype="float32"):
+    """One session of the case: its answer and figures. `cache_dtype` int8 (issue 31)
+    stores the retained tier in int8; the record's policy is then "<policy>@int8" (the
+    full cache stays float32, the reference)."""
     segs = case["segment_ids"]
     if policy == "full":
         comp, budget = {"policy": "full", "memory": "evict"}, None
     else:
         budget = budget_for(case, setting, ratio)
         memory = "tiered" if setting == "agent_tiered" else "evict"
-        comp = {"policy": policy, "budget": budget, "memory": memory}
+        comp = {"policy": policy, "budget": budget, "memory": memory, "cache_dtype": cache_dtype}
         if policy == "echokv":
             comp["workspace"] = max(1024, budget)
     t0 = time.monotonic()
@@ -177,7 +179,10 @@ def run_one(client, case, setting, policy, ratio):
     return {
         "case_id": case["id"], "task": case["task"], "length": case["length"], "n_tokens": case["n_tokens"],
         "context_tokens": case["context_tokens"], "question_tokens": case["question_tokens"],
-        "setting": setting, "policy": policy, "ratio": 0.0 if policy == "full" else ratio, "budget": budget,
+        "setting": setting, "ratio": 0.0 if policy == "full" else ratio, "budget": budget,
+        "policy": policy if policy == "full" or cache_dtype == "float32" else "%s@%s" % (policy, cache_dtype),
+        "cache_dtype": "float32" if policy == "full" else cache_dtype,
+        "retained_kv_bytes": session.retained_kv_bytes,
         "compressed_tokens": report.context_tokens if report is not None else None,
         "retained_entries": session.retained_entries,
         "kept_fraction": session.retained_kv_bytes / session.full_kv_bytes if session.full_kv_bytes else None,
@@ -328,6 +333,8 @@ def main():
     parser.add_argument("--ratios")
     parser.add_argument("--settings")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--cache-dtype", default="float32", choices=("float32", "int8"),
+                        help="storage of the compressed sessions' retained tier (records: policy@int8)")
     parser.add_argument("--summarize", nargs="+", metavar="JSON", help="print markdown tables and exit")
     parser.add_argument("--compact", action="store_true", help="with --summarize: one table per ratio, tasks as columns")
     parser.add_argument("--pairs", help="with --summarize: paired differences, e.g. snapkv=kvpress/snapkv,...")
@@ -391,11 +398,13 @@ def main():
         info = client.info()
         with open(partial, "a") as log:
             for k, (case, setting, policy, ratio) in enumerate(plan):
-                key = (case["id"], setting, policy, ratio)
+                label = policy if policy == "full" or args.cache_dtype == "float32" else "%s@%s" % (
+                    policy, args.cache_dtype)
+                key = (case["id"], setting, label, ratio if policy != "full" else 0.0)
                 if key in done:
                     records.append(done[key])
                     continue
-                r = run_one(client, case, setting, policy, ratio)
+                r = run_one(client, case, setting, policy, ratio, args.cache_dtype)
                 records.append(r)
                 log.write(json.dumps(r, sort_keys=True) + "\n")
                 log.flush()

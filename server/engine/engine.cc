@@ -448,7 +448,7 @@ void Engine::Impl::CompleteJob(ActiveJob& j) {
         }
         (void)cells.Select(l, per_group);
       }
-      out.layers = Layers(cells, /*positions=*/true, &out.report);
+      out.layers = Layers(cells, /*positions=*/true, &out.report, out.report.config.cache_dtype);
       if (j.reservation.has_value()) store->Unreserve(*j.reservation);  // the job's bytes
       j.reservation.reset();
       j.compress_done(std::move(out));

@@ -63,8 +63,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithModel(const EngineConf
   const model::ModelConfig& mc = impl->model->config();
   try {
     impl->bytes_per_token = impl->model->NewCache().FullEquivalentKvBytes(1);
+    const at::TensorOptions o = impl->model->NewCache().options();
+    impl->int8_bytes_per_token =
+        int64_t{mc.num_layers} * mc.num_kv_heads * kernels::KvEntryBytes(kernels::KvDtype::kInt8, mc.head_dim);
+    impl->int8_cache_ok = o.dtype() == at::kFloat && o.device().is_cpu();
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("cache shape: ", e.what()));
+  }
+  if (config.default_compression.cache_dtype == kernels::KvDtype::kInt8 && !impl->int8_cache_ok) {
+    return MakeError(ErrorKind::kInvalidArgument, "default_cache_dtype",
+                     "default_cache_dtype int8 needs the CPU float32 model; this server runs on another device or "
+                     "dtype");
   }
   impl->eos_ids = impl->tokenizer->eos_ids();
   for (int id : mc.eos_token_ids) {
@@ -394,7 +403,7 @@ void Engine::InspectCache(Caller caller, std::string session_id, bool include_po
         const model::KvCache& hot = (*data)->hot;
         CacheInspection out;
         out.session = *meta;
-        out.layers = impl->Layers(hot.cells(), include_positions, &meta->last_report);
+        out.layers = impl->Layers(hot.cells(), include_positions, &meta->last_report, hot.storage());
         for (const LayerCacheInfo& l : out.layers) out.total_retained_entries += l.retained * impl->facts.num_kv_heads;
         out.total_kv_bytes = hot.KvBytes();
         out.full_equivalent_kv_bytes = hot.FullEquivalentKvBytes(meta->tokens_seen);

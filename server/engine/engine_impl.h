@@ -137,6 +137,8 @@ class Engine::Impl {
   std::optional<model::ChatTemplate> chat;  // unset: chat input unsupported
   std::string chat_error;                   // why chat is unsupported
   int64_t bytes_per_token = 0;              // full-cache KV bytes of one token
+  int64_t int8_bytes_per_token = 0;         // the same in int8 rows with their scales
+  bool int8_cache_ok = false;               // the model computes on the CPU in float32
   std::vector<int> eos_ids;                 // the tokenizer's and the model's
   std::unique_ptr<SessionStore> store;
   std::unique_ptr<Scheduler> scheduler;
@@ -266,7 +268,8 @@ class Engine::Impl {
   // The admission estimate of a new cache of `n` tokens: at most min(n, budget) entries
   // per layer and group stay hot (all n for the full policy).
   int64_t HotEstimate(int64_t n, const compression::CompressionConfig& c) const {
-    return (c.policy == compression::PolicyKind::kFull ? n : std::min<int64_t>(n, c.budget)) * bytes_per_token;
+    const int64_t per_token = c.cache_dtype == kernels::KvDtype::kInt8 ? int8_bytes_per_token : bytes_per_token;
+    return (c.policy == compression::PolicyKind::kFull ? n : std::min<int64_t>(n, c.budget)) * per_token;
   }
 
   // Admissions (engine thread).
@@ -328,9 +331,11 @@ class Engine::Impl {
                            const std::optional<absl::Duration>& ttl) const;
   SessionInfo MetaFor(const SessionData& data, const compression::CompressionReport& report, MemoryMode memory) const;
   // Per layer and group: entries, bytes, positions (when asked) and the retained
-  // attention mass of `report` (the compression that made these cells; -1 without one).
+  // attention mass of `report` (the compression that made these cells; -1 without one);
+  // bytes per entry as `dtype` stores them (int8 rows count their scales).
   std::vector<LayerCacheInfo> Layers(const model::KvCells& cells, bool positions,
-                                     const compression::CompressionReport* report) const;
+                                     const compression::CompressionReport* report,
+                                     kernels::KvDtype dtype) const;
   std::function<void(const std::string&, int64_t, int64_t)> ProgressAdapter(ProgressFn progress,
                                                                             absl::Time admitted) const;
   // Counts a refusal by a limit (ErrorInfo::limit) in the observer's rejections.

@@ -17,7 +17,13 @@ absl::Status Engine::Impl::CheckTtl(const std::optional<absl::Duration>& ttl) co
 absl::Status Engine::Impl::CheckSessionSettings(const std::optional<absl::Duration>& ttl,
                                                 const compression::CompressionConfig& config) const {
   ECHOKV_RETURN_IF_ERROR(CheckTtl(ttl));
-  return WithFieldPrefix(config.Validate(), "compression.", "compression");
+  ECHOKV_RETURN_IF_ERROR(WithFieldPrefix(config.Validate(), "compression.", "compression"));
+  if (config.cache_dtype == kernels::KvDtype::kInt8 && !int8_cache_ok) {
+    return MakeError(ErrorKind::kInvalidArgument, "compression.cache_dtype",
+                     "compression.cache_dtype int8 needs the CPU float32 model; this server runs on another device "
+                     "or dtype (use float32)");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Engine::Impl::CheckTokenIds(absl::Span<const int> ids, absl::string_view field) const {
@@ -70,8 +76,11 @@ SessionInfo Engine::Impl::MetaFor(const SessionData& data, const compression::Co
 }
 
 std::vector<LayerCacheInfo> Engine::Impl::Layers(const model::KvCells& cells, bool positions,
-                                                 const compression::CompressionReport* report) const {
-  const int64_t row = bytes_per_token / std::max(1, facts.num_layers * facts.num_kv_heads);
+                                                 const compression::CompressionReport* report,
+                                                 kernels::KvDtype dtype) const {
+  const int64_t row = dtype == kernels::KvDtype::kInt8
+                          ? kernels::KvEntryBytes(dtype, facts.head_dim)
+                          : bytes_per_token / std::max(1, facts.num_layers * facts.num_kv_heads);
   std::vector<LayerCacheInfo> out;
   for (int l = 0; l < cells.num_layers(); ++l) {
     LayerCacheInfo layer;

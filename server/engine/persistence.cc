@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "compression/report.h"
+#include "kernels/kv_quant.h"
 #include "model/ggml_types.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
@@ -30,6 +31,8 @@ absl::StatusOr<state::DType> StateDType(at::ScalarType t) {
       return state::DType::kFloat16;
     case at::kLong:
       return state::DType::kInt64;
+    case at::kChar:
+      return state::DType::kInt8;
     default:
       return absl::InternalError(absl::StrCat("no saved dtype for ", c10::toString(t)));
   }
@@ -45,6 +48,8 @@ absl::StatusOr<at::ScalarType> TorchDType(state::DType t) {
       return at::kHalf;
     case state::DType::kInt64:
       return at::kLong;
+    case state::DType::kInt8:
+      return at::kChar;
     default:
       return absl::DataLossError(absl::StrCat("unexpected saved dtype ", state::DTypeName(t)));
   }
@@ -248,8 +253,18 @@ absl::StatusOr<TurnRecord> EncodeTurn(const SessionInfo &meta, const SessionData
       rec.segment.token_begin = 0;
       rec.segment.supersedes_earlier = true;
       for (int l = 0; l < layers; ++l) {
-        ECHOKV_RETURN_IF_ERROR(AddBlob(&rec, absl::StrCat("hot.k.", l), data.hot.keys(l)));
-        ECHOKV_RETURN_IF_ERROR(AddBlob(&rec, absl::StrCat("hot.v.", l), data.hot.values(l)));
+        if (data.hot.is_int8()) {
+          // int8 rows and their float32 scales as held (issue 31): "hot.k8.<l>" etc., names
+          // an older build does not know, so it refuses the session (DATA_LOSS naming
+          // hot.k.<l>) instead of reading int8 as float32.
+          ECHOKV_RETURN_IF_ERROR(AddBlob(&rec, absl::StrCat("hot.k8.", l), data.hot.Int8Keys(l)));
+          ECHOKV_RETURN_IF_ERROR(AddBlob(&rec, absl::StrCat("hot.ks.", l), data.hot.KeyScales(l)));
+          ECHOKV_RETURN_IF_ERROR(AddBlob(&rec, absl::StrCat("hot.v8.", l), data.hot.Int8Values(l)));
+          ECHOKV_RETURN_IF_ERROR(AddBlob(&rec, absl::StrCat("hot.vs.", l), data.hot.ValueScales(l)));
+        } else {
+          ECHOKV_RETURN_IF_ERROR(AddBlob(&rec, absl::StrCat("hot.k.", l), data.hot.keys(l)));
+          ECHOKV_RETURN_IF_ERROR(AddBlob(&rec, absl::StrCat("hot.v.", l), data.hot.values(l)));
+        }
         ECHOKV_RETURN_IF_ERROR(AddBlob(&rec, absl::StrCat("hot.pos.", l), data.hot.positions(l)));
       }
     }
@@ -301,6 +316,10 @@ absl::StatusOr<SessionInfo> MetaFromManifest(const state::SessionManifest &manif
   m.tokens_seen = static_cast<int64_t>(s.tokens.size());
   const model::ModelConfig &c = model.config();
   const int64_t entry_bytes = 2 * c.head_dim * ModelElementSize(model);  // K + V of one entry
+  // The hot tier's own storage (issue 31): int8 rows count their scales.
+  const int64_t hot_entry_bytes = m.config.cache_dtype == kernels::KvDtype::kInt8
+                                      ? kernels::KvEntryBytes(kernels::KvDtype::kInt8, c.head_dim)
+                                      : entry_bytes;
   // Hot entries from the newest hot.pos.<l> shapes ([G, n_l]).
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string name = absl::StrCat("hot.pos.", l);
@@ -313,7 +332,7 @@ absl::StatusOr<SessionInfo> MetaFromManifest(const state::SessionManifest &manif
     }
     m.retained_entries += found->shape[0] * found->shape[1];
   }
-  m.retained_kv_bytes = m.retained_entries * entry_bytes;
+  m.retained_kv_bytes = m.retained_entries * hot_entry_bytes;
   m.full_kv_bytes = m.tokens_seen * c.num_layers * c.num_kv_heads * entry_bytes;
   m.cold_kv_bytes = m.memory == MemoryMode::kTiered ? m.full_kv_bytes : 0;
   m.cold_in_memory = false;
@@ -328,6 +347,13 @@ absl::StatusOr<std::shared_ptr<SessionData>> LoadSessionData(const state::Sessio
     const model::ModelConfig &c = model.config();
     data->tokens.assign(m.meta.tokens.begin(), m.meta.tokens.end());
     const int64_t total = static_cast<int64_t>(data->tokens.size());
+    // The hot tier's storage, from the saved report (absent before issue 31: float32).
+    kernels::KvDtype hot_dtype = kernels::KvDtype::kFloat32;
+    if (m.meta.compression_config.is_object() && m.meta.compression_config.contains("report")) {
+      ECHOKV_ASSIGN_OR_RETURN(compression::CompressionReport saved,
+                              compression::ReportFromJson(m.meta.compression_config["report"].dump()));
+      hot_dtype = saved.config.cache_dtype;
+    }
     if (m.meta.memory == state::MemoryMode::kTiered) {
       data->cold = std::make_shared<model::KvCache>(model.NewCache());
       for (int l = 0; l < c.num_layers; ++l) {
@@ -383,7 +409,9 @@ absl::StatusOr<std::shared_ptr<SessionData>> LoadSessionData(const state::Sessio
       if (!data->h2o_scores.empty() && static_cast<int>(data->h2o_scores.size()) != c.num_layers) {
         return absl::DataLossError("h2o scores are missing for some layers");
       }
-      ECHOKV_ASSIGN_OR_RETURN(data->hot, model::KvCache::Gather(*data->cold, kept));
+      ECHOKV_ASSIGN_OR_RETURN(model::KvCache hot, model::KvCache::Gather(*data->cold, kept));
+      // Re-quantizing the exact rows gives the bits the session held (per-token scales).
+      ECHOKV_ASSIGN_OR_RETURN(data->hot, hot.ToStorage(hot_dtype));
     } else {
       // Every token the session holds went through the model: the next one is at `total`.
       if (m.meta.next_position != total) {
@@ -391,8 +419,25 @@ absl::StatusOr<std::shared_ptr<SessionData>> LoadSessionData(const state::Sessio
                                                 total, " tokens"));
       }
       data->hot = model.NewCache();
+      const bool int8 = !reader.FindAll("hot.k8.0").empty();
+      if (int8) {
+        ECHOKV_ASSIGN_OR_RETURN(data->hot, model::KvCache::WithStorage(c.num_layers, c.num_kv_heads, c.head_dim,
+                                                                       data->hot.options(), kernels::KvDtype::kInt8));
+      }
       for (int l = 0; l < c.num_layers; ++l) {
         const std::string name = absl::StrCat("hot.pos.", l);
+        if (int8) {
+          ECHOKV_ASSIGN_OR_RETURN(at::Tensor k, ReadLatest(reader, absl::StrCat("hot.k8.", l)));
+          ECHOKV_ASSIGN_OR_RETURN(at::Tensor ks, ReadLatest(reader, absl::StrCat("hot.ks.", l)));
+          ECHOKV_ASSIGN_OR_RETURN(at::Tensor v, ReadLatest(reader, absl::StrCat("hot.v8.", l)));
+          ECHOKV_ASSIGN_OR_RETURN(at::Tensor vs, ReadLatest(reader, absl::StrCat("hot.vs.", l)));
+          ECHOKV_ASSIGN_OR_RETURN(at::Tensor pos, ReadLatest(reader, name));
+          ECHOKV_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> groups,
+                                  CheckedPositions(pos, name, c.num_kv_heads, total));
+          absl::Status set = data->hot.SetLayerInt8(l, k, ks, v, vs, std::move(groups));
+          if (!set.ok()) return absl::DataLossError(absl::StrCat("hot tier of layer ", l, ": ", set.message()));
+          continue;
+        }
         ECHOKV_ASSIGN_OR_RETURN(at::Tensor k, ReadLatest(reader, absl::StrCat("hot.k.", l)));
         ECHOKV_ASSIGN_OR_RETURN(at::Tensor v, ReadLatest(reader, absl::StrCat("hot.v.", l)));
         ECHOKV_ASSIGN_OR_RETURN(at::Tensor pos, ReadLatest(reader, name));
@@ -404,6 +449,9 @@ absl::StatusOr<std::shared_ptr<SessionData>> LoadSessionData(const state::Sessio
         ECHOKV_RETURN_IF_ERROR(data->hot.SetLayer(l, k, v, std::move(groups)));
       }
       data->hot.set_next_position(m.meta.next_position);
+      // A float32 file of an int8 session (none is written so) or the reverse: the
+      // session's storage wins.
+      ECHOKV_ASSIGN_OR_RETURN(data->hot, data->hot.ToStorage(hot_dtype));
     }
     ECHOKV_ASSIGN_OR_RETURN(at::Tensor logits, ReadLatest(reader, "logits"));
     if (logits.dim() != 1 || logits.size(0) != c.vocab_size) {

@@ -233,6 +233,10 @@ absl::Status TurnJob::Finalize() {
     } else {
       data->hot = std::move(own_cache_);  // nothing evicted: keep the cache as it is
     }
+    // The retained tier in the session's storage (issue 31): selection scored the rows
+    // above in full precision; only what is kept is quantized (a no-op when the hot tier
+    // already is: an evict session's int8 rows moved by Gather keep their bits).
+    ECHOKV_ASSIGN_OR_RETURN(data->hot, data->hot.ToStorage(spec_.config.cache_dtype));
     data->last_logits = last_logits_;
     data->segments_since_full = spec_.base != nullptr ? spec_.base->segments_since_full + 1 : 1;
     if (spec_.base != nullptr) data->tokens = spec_.base->tokens;

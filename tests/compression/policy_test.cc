@@ -1000,6 +1000,35 @@ TEST(RetainedMass, TravelsThroughTheReportJsonAndOldReportsLoadUnmeasured) {
   EXPECT_THAT(ReportFromJson(bad), StatusIs(StatusCode::kInvalidArgument, "retained_mass"));
 }
 
+TEST(CacheDtype, KeptBytesCountInt8RowsAndTheReportJsonCarriesTheDtype) {
+  const Inputs in = RandomInputs(/*layers=*/2, /*n=*/40, /*seed=*/6);
+  CompressionConfig cfg;
+  cfg.policy = PolicyKind::kSnapKv;
+  cfg.budget = 10;
+  cfg.snapkv_window = 4;
+  ASSERT_OK_AND_ASSIGN(CompressionResult f, Compress(cfg, in.Make(nullptr)));
+  cfg.cache_dtype = kernels::KvDtype::kInt8;
+  ASSERT_OK_AND_ASSIGN(CompressionResult q, Compress(cfg, in.Make(nullptr)));
+  // The same selection (full-precision scores); int8 rows cost 2 (d + 4) bytes per entry.
+  ASSERT_EQ(q.report.retained_entries, f.report.retained_entries);
+  for (size_t l = 0; l < f.indices.size(); ++l) EXPECT_TRUE(at::equal(q.indices[l], f.indices[l]));
+  const int64_t d = in.context.head_dim();
+  EXPECT_EQ(q.report.retained_kv_bytes, q.report.retained_entries * 2 * (d + 4));
+  EXPECT_EQ(f.report.retained_kv_bytes, f.report.retained_entries * 2 * d * 4);
+  EXPECT_EQ(q.report.full_kv_bytes, f.report.full_kv_bytes);
+  const std::string json = ReportToJson(q.report);
+  ASSERT_OK_AND_ASSIGN(CompressionReport back, ReportFromJson(json));
+  EXPECT_EQ(back.config.cache_dtype, kernels::KvDtype::kInt8);
+  // A report saved before the field existed reads as float32.
+  std::string old = json;
+  old.erase(old.find(",\"cache_dtype\":\"int8\""), std::string(",\"cache_dtype\":\"int8\"").size());
+  ASSERT_OK_AND_ASSIGN(CompressionReport legacy, ReportFromJson(old));
+  EXPECT_EQ(legacy.config.cache_dtype, kernels::KvDtype::kFloat32);
+  // Only float32 and int8 are storages.
+  cfg.cache_dtype = kernels::KvDtype::kBFloat16;
+  EXPECT_THAT(cfg.Validate(), StatusIs(StatusCode::kInvalidArgument, "cache_dtype"));
+}
+
 TEST(Errors, MissingInputsNameTheField) {
   const Inputs in = RandomInputs(1, 40, 12);
   CompressionConfig cfg;

@@ -53,9 +53,10 @@ class CompressionConfig:
     snapkv_window: Optional[int] = None
     snapkv_kernel: Optional[int] = None
     memory: Optional[str] = None  # "tiered" or "evict"
+    cache_dtype: Optional[str] = None  # "float32" or "int8": storage of the retained tier
 
     FIELDS = ("policy", "budget", "lookahead", "workspace", "window", "bootstrap", "repair",
-              "snapkv_window", "snapkv_kernel", "memory")
+              "snapkv_window", "snapkv_kernel", "memory", "cache_dtype")
 
     @classmethod
     def of(cls, value=None, **overrides):

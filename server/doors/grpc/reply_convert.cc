@@ -16,6 +16,7 @@ void FillConfig(const compression::CompressionConfig& cfg, pb::CompressionConfig
   out->set_repair(cfg.repair);
   out->set_snapkv_window(cfg.snapkv_window);
   out->set_snapkv_kernel(cfg.snapkv_kernel);
+  out->set_cache_dtype(kernels::KvDtypeName(cfg.cache_dtype));
 }
 
 void FillReport(const compression::CompressionReport& r, pb::CompressionReport* out) {

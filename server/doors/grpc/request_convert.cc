@@ -76,6 +76,14 @@ absl::StatusOr<compression::CompressionConfig> ToConfig(const pb::CompressionCon
   if (c.has_repair()) cfg.repair = c.repair();
   if (c.has_snapkv_window()) cfg.snapkv_window = c.snapkv_window();
   if (c.has_snapkv_kernel()) cfg.snapkv_kernel = c.snapkv_kernel();
+  if (c.has_cache_dtype()) {
+    kernels::KvDtype dtype;
+    if (!kernels::ParseKvDtype(c.cache_dtype(), &dtype) || dtype == kernels::KvDtype::kBFloat16) {
+      return absl::InvalidArgumentError(absl::StrCat("compression.cache_dtype: unknown cache dtype ",
+                                                     EchoPrefix(c.cache_dtype()), "; one of float32, int8"));
+    }
+    cfg.cache_dtype = dtype;
+  }
   return cfg;
 }
 

@@ -196,6 +196,7 @@ bool ParseEchokv(Fields& f, EchokvOptions* out, HttpError* error) {
   if (e.Int("workspace", 0, 1 << 30, &i)) out->workspace = i;
   if (e.Int("window", 0, 1 << 30, &i)) out->window = i;
   if (e.String("memory", &s)) out->memory = s;
+  if (e.String("cache_dtype", &s)) out->cache_dtype = s;
   int64_t ttl = 0;
   if (e.Int("ttl_seconds", int64_t{1}, int64_t{1} << 40, &ttl)) out->ttl_seconds = ttl;
   return e.ok();

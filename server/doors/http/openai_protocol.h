@@ -48,6 +48,7 @@ struct EchokvOptions {
   std::optional<int> workspace;
   std::optional<int> window;
   std::optional<std::string> memory;     // "evict" | "tiered"
+  std::optional<std::string> cache_dtype;  // "float32" | "int8"
   std::optional<int64_t> ttl_seconds;
 };
 

@@ -134,6 +134,15 @@ absl::StatusOr<compression::CompressionConfig> OpenAiServer::Impl::ConfigFrom(co
   if (o.lookahead.has_value()) cfg.lookahead = *o.lookahead;
   if (o.workspace.has_value()) cfg.workspace = *o.workspace;
   if (o.window.has_value()) cfg.stage2_window = *o.window;
+  if (o.cache_dtype.has_value()) {
+    kernels::KvDtype dtype;
+    if (!kernels::ParseKvDtype(*o.cache_dtype, &dtype) || dtype == kernels::KvDtype::kBFloat16) {
+      return MakeError(ErrorKind::kInvalidArgument, "echokv.cache_dtype",
+                       absl::StrCat("echokv.cache_dtype: unknown cache dtype ", EchoPrefix(*o.cache_dtype),
+                                    "; one of float32, int8"));
+    }
+    cfg.cache_dtype = dtype;
+  }
   return cfg;
 }
 
