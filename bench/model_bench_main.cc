@@ -181,7 +181,11 @@ int BatchedDecode(const echokv::model::Transformer& model, const std::string& ba
     for (int s = 0; s < steps; ++s) {
       if (roofline.has_value()) {
         for (const echokv::model::KvCache& cache : caches) {
-          for (int l = 0; l < c.num_layers; ++l) kv_bytes += (cache.size(l) + 1) * Gd * 2 * sizeof(float);
+          // Bytes of one entry over the groups as the cache stores it (int8: scales too).
+          const double entry = cache.is_int8() ? c.num_kv_heads * static_cast<double>(echokv::kernels::KvEntryBytes(
+                                                     echokv::kernels::KvDtype::kInt8, c.head_dim))
+                                               : Gd * 2 * sizeof(float);
+          for (int l = 0; l < c.num_layers; ++l) kv_bytes += (cache.size(l) + 1) * entry;
         }
       }
       auto out = model.DecodeBatch(rows);
