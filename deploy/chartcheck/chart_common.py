@@ -40,6 +40,7 @@ ENUM_FLAGS = {
     "dtype": r"float32|bfloat16|float16",
     "default_policy": r"full|streamingllm|h2o|snapkv|pyramidkv|laq|echokv",
     "default_memory": r"tiered|evict",
+    "default_cache_dtype": r"float32|int8",
     "weights": r"float32|native",
     "fsync": r"always|none",
     "insecure": r"true|false",
