@@ -22,6 +22,12 @@ Presses: SnapKV and PyramidKV with our window and kernel (snapkv_window 32, snap
 ours), ExpectedAttention, TOVA, Knorm, AdaKV (over SnapKV, alpha_safeguard 0.2), all at
 their defaults otherwise. Greedy decoding with explicit position ids after compression,
 as kvpress's pipeline does (generate_answer), stopping at the model's EOS.
+
+--cache quanto4 (or quanto2) runs every case on transformers' QuantizedCache, the
+quantized cache kvpress documents (KIVI-style, optimum-quanto backend: int4 / int2 in
+groups of 64 with a scale and a shift per group, the last <= 128 tokens in full
+precision; its presses re-quantize what they keep); records are labelled
+"kvpress/<press>@quanto4". quanto offers 2 and 4 bits only (no 8-bit cache here).
 """
 
 import argparse
@@ -78,6 +84,8 @@ def main():
     parser.add_argument("--ratios")
     parser.add_argument("--settings")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--cache", default="dynamic", choices=("dynamic", "quanto4", "quanto2"),
+                        help="transformers' DynamicCache (float32) or QuantizedCache (optimum-quanto, 4 or 2 bits)")
     args = parser.parse_args()
     preset = QUICK if args.quick else {}
     tasks = args.tasks.split(",") if args.tasks else preset.get("tasks")
@@ -111,14 +119,18 @@ def main():
             prefill, question = [i for s in segs for i in s], []
         else:
             prefill, question = [i for s in segs[:-1] for i in s], segs[-1]
-        cache = DynamicCache()
+        if args.cache == "dynamic":
+            cache = DynamicCache()
+        else:
+            from transformers import QuantizedCache
+            cache = QuantizedCache("quanto", model.config, nbits=int(args.cache[len("quanto"):]))
         with torch.inference_mode():
             ctx = torch.tensor([prefill])
             with press(model) if press is not None else _null():
                 hidden = model.model(input_ids=ctx, past_key_values=cache).last_hidden_state
             # Entries kept, summed over layers and KV heads as our retained_entries (PyramidKV
             # keeps a different length per layer; AdaKV keeps them all and masks per head).
-            kept = sum(layer.keys.shape[1] * layer.keys.shape[2] for layer in cache.layers)
+            kept = sum(layer.get_seq_length() * model.config.num_key_value_heads for layer in cache.layers)
             pos = len(prefill)
             if question:
                 out = model(input_ids=torch.tensor([question]), past_key_values=cache,
@@ -155,7 +167,8 @@ def main():
     records, started = [], time.monotonic()
     with open(partial, "a") as log:
         for k, (case, setting, name, ratio) in enumerate(plan):
-            key = (case["id"], setting, "kvpress/" + name, ratio)
+            label = "kvpress/" + name + ("" if args.cache == "dynamic" else "@" + args.cache)
+            key = (case["id"], setting, label, ratio)
             if key in done:
                 records.append(done[key])
                 continue
@@ -166,7 +179,8 @@ def main():
             r = {
                 "case_id": case["id"], "task": case["task"], "length": case["length"], "n_tokens": case["n_tokens"],
                 "context_tokens": case["context_tokens"], "question_tokens": case["question_tokens"],
-                "setting": setting, "policy": "kvpress/" + name, "ratio": ratio, "engine": "kvpress",
+                "setting": setting, "policy": label, "ratio": ratio, "engine": "kvpress",
+                "cache_dtype": "float32" if args.cache == "dynamic" else args.cache,
                 "budget": None if name == "full" else int(compressed * (1 - ratio)),
                 "compressed_tokens": compressed,
                 "retained_entries": kept + (model.config.num_hidden_layers * model.config.num_key_value_heads
@@ -195,7 +209,7 @@ def main():
         "argv": sys.argv[1:], "cases": len(cases), "runs": len(records),
         "wall_seconds": round(time.monotonic() - started, 1),
         "mean_run_seconds_by_length": {k: round(sum(v) / len(v), 3) for k, v in seconds.items()},
-        "presses": presses, "ratios": ratios, "settings": settings,
+        "presses": presses, "ratios": ratios, "settings": settings, "cache": args.cache,
     }
     with open(args.out, "w") as f:
         json.dump({"schema": ev.SCHEMA, "meta": meta, "records": records, "summary": ev.summarize(records)},

@@ -53,7 +53,7 @@ ABSL_FLAG(int, threads, 0, "LibTorch threads (0 = all cores)");
 ABSL_FLAG(std::string, weights, "float32", "float32 | native (a GGUF file's quantized blocks as stored)");
 ABSL_FLAG(std::string, batches, "",
           "also decode this many streams together (Transformer::DecodeBatch, as the server's engine step), "
-          "comma-separated, each after a 256-token context; prints tok/s and dense GFLOP/s");
+          "comma-separated, each after a --batch_context-token context; prints tok/s and dense GFLOP/s");
 ABSL_FLAG(bool, roofline, false,
           "with --batches: measure the GEMM peak and the read bandwidth first (bench/roofline.h) and print each "
           "step's bytes read and the GFLOP/s no step can exceed");
@@ -65,6 +65,9 @@ ABSL_FLAG(bool, cache_dtypes, false,
           "and in int8 (KvCache::ToStorage), --repeats interleaved pairs, median tok/s each and the ratio");
 ABSL_FLAG(int, repeats, 3, "pairs per context for --cache_dtypes");
 ABSL_FLAG(std::string, batch_cache_dtype, "float32", "float32 | int8: the batched table's caches (--batches)");
+ABSL_FLAG(int, batch_context, 256,
+          "context of every stream in the batched tables (--batches; with --cache_dtypes also paired float32 / "
+          "int8 batched decode)");
 ABSL_FLAG(std::string, llama2c_dir, "",
           "where the peers' input files (model.bin, tok.bin) are written; empty = a fresh directory under $TMPDIR");
 
@@ -123,14 +126,76 @@ absl::Status CacheDtypePairs(const echokv::model::Transformer& model, const std:
   return absl::OkStatus();
 }
 
+// N streams decoded together (DecodeBatch) with float32 and with int8 caches, each from
+// its own copy of one `context`-token prefill: `repeats` interleaved pairs (order
+// alternating), median tok/s over all streams. The server's engine step with N sessions.
+absl::Status BatchedDtypePairs(const echokv::model::Transformer& model, const std::vector<int>& batches, int context,
+                               int steps, int repeats) {
+  const auto& cfg = model.config();
+  echokv::model::KvCache prefilled = model.NewCache();
+  auto pre = model.Forward(echokv::bench::BenchContext(context, cfg.vocab_size), &prefilled,
+                           echokv::model::ForwardOptions());
+  if (!pre.ok()) return pre.status();
+  ECHOKV_ASSIGN_OR_RETURN(echokv::model::KvCache int8, prefilled.ToStorage(echokv::kernels::KvDtype::kInt8));
+  const echokv::model::KvCache* base[2] = {&prefilled, &int8};
+  const int first = echokv::model::Argmax(absl::MakeConstSpan(pre->logits.data_ptr<float>(), pre->logits.numel()));
+  std::printf("\nbatched cache dtypes: N streams per step (DecodeBatch), %d steps after a %d-token context, caches "
+              "float32 vs int8, %d interleaved pairs (order alternating), median tok/s over all streams; MiB = all "
+              "N caches after the prefill\n",
+              steps, context, repeats);
+  std::printf("%-8s %14s %14s %8s %12s %12s %6s\n", "streams", "f32 tok/s", "int8 tok/s", "ratio", "f32 MiB",
+              "int8 MiB", "load1");
+  for (const int n : batches) {
+    std::vector<double> tps[2];
+    for (int r = 0; r < repeats; ++r) {
+      for (int k = 0; k < 2; ++k) {
+        const int which = (r % 2 == 0) ? k : 1 - k;
+        std::vector<echokv::model::KvCache> caches;
+        for (int i = 0; i < n; ++i) caches.push_back(base[which]->Clone());
+        std::vector<echokv::model::DecodeRow> rows(n);
+        for (int i = 0; i < n; ++i) rows[i] = {(first + i) % cfg.vocab_size, &caches[i], false};
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int s = 0; s < steps; ++s) {
+          auto out = model.DecodeBatch(rows);
+          if (!out.ok()) return out.status();
+          for (int i = 0; i < n; ++i) {
+            const at::Tensor& l = (*out)[i].logits;
+            rows[i].token = echokv::model::Argmax(absl::MakeConstSpan(l.data_ptr<float>(), l.numel()));
+          }
+        }
+        tps[which].push_back(static_cast<double>(n) * steps / Seconds(t0, std::chrono::steady_clock::now()));
+      }
+    }
+    for (auto& v : tps) std::sort(v.begin(), v.end());
+    const double f = tps[0][tps[0].size() / 2], q = tps[1][tps[1].size() / 2];
+    std::printf("%-8d %14.1f %14.1f %7.2fx %12.1f %12.1f %6s\n", n, f, q, q / f,
+                n * prefilled.KvBytes() / 1048576.0, n * int8.KvBytes() / 1048576.0, LoadAverage().c_str());
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int>> ParseBatches(const std::string& batches) {
+  std::vector<int> out;
+  if (batches.empty()) return out;
+  for (absl::string_view b : absl::StrSplit(batches, ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(b, &n) || n < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--batches: bad entry '", b, "' (want positive integers)"));
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
 }  // namespace
 
 // N streams decoded together for `steps` steps: each starts from its own copy of one
-// 256-token prefill and feeds back its own greedy token (so rows differ after step 1).
+// --batch_context-token prefill and feeds back its own greedy token (so rows differ after step 1).
 // FLOPs are the dense products (2 x multiply-adds of QKV, output, MLP and LM head).
 // With `roofline`: the bytes a step reads (every weight once, as held (float32 or native blocks), and every row's
 // keys and values) and the GFLOP/s that bytes and FLOPs allow on this machine.
-int BatchedDecode(const echokv::model::Transformer& model, const std::string& batches, int steps,
+int BatchedDecode(const echokv::model::Transformer& model, const std::vector<int>& batches, int context, int steps,
                   const std::optional<echokv::bench::Roofline>& roofline) {
   if (batches.empty()) return 0;
   const auto& c = model.config();
@@ -139,9 +204,20 @@ int BatchedDecode(const echokv::model::Transformer& model, const std::string& ba
   const double flops = 2.0 * (c.num_layers * (D * (Hd + 2 * Gd) + Hd * D + 3 * D * c.intermediate_size) +
                               D * c.vocab_size);
   const double weight_bytes = static_cast<double>(model.DecodeWeightBytes());  // as held: float32 or blocks
-  std::printf("\nbatched decode: N streams per step (DecodeBatch; N = 1 is Decode), %d steps after a 256-token "
-              "context, %.1f MFLOP per token\n",
-              steps, flops / 1e6);
+  echokv::model::KvCache prefilled = model.NewCache();
+  auto pre = model.Forward(echokv::bench::BenchContext(context, c.vocab_size), &prefilled, echokv::model::ForwardOptions());
+  if (!pre.ok()) return echokv::bench::ReportBenchError(pre.status());
+  echokv::kernels::KvDtype dtype = echokv::kernels::KvDtype::kFloat32;
+  if (!echokv::kernels::ParseKvDtype(absl::GetFlag(FLAGS_batch_cache_dtype), &dtype)) {
+    std::fprintf(stderr, "error: --batch_cache_dtype must be float32 or int8\n");
+    return 2;
+  }
+  auto converted = prefilled.ToStorage(dtype);
+  if (!converted.ok()) return echokv::bench::ReportBenchError(converted.status());
+  const echokv::model::KvCache base = std::move(*converted);
+  std::printf("\nbatched decode: N streams per step (DecodeBatch; N = 1 is Decode), %d steps after a %d-token "
+              "context, %.1f MFLOP per token; caches %s (%.1f KiB per row)\n",
+              steps, context, flops / 1e6, echokv::kernels::KvDtypeName(dtype), base.KvBytes() / 1024.0);
   if (roofline.has_value()) {
     std::printf("roofline (%d threads): GEMM peak %.1f GFLOP/s (2048^3 OpenBLAS product), read %.1f GB/s (160 MiB "
                 "on huge pages); bound = FLOP per step / max(FLOP / peak, bytes read / bandwidth), bytes = weights "
@@ -153,25 +229,8 @@ int BatchedDecode(const echokv::model::Transformer& model, const std::string& ba
   } else {
     std::printf("%-8s %14s %12s %10s %6s\n", "streams", "tok/s (all)", "step ms", "GFLOP/s", "load1");
   }
-  echokv::model::KvCache prefilled = model.NewCache();
-  auto pre = model.Forward(echokv::bench::BenchContext(256, c.vocab_size), &prefilled, echokv::model::ForwardOptions());
-  if (!pre.ok()) return echokv::bench::ReportBenchError(pre.status());
-  echokv::kernels::KvDtype dtype = echokv::kernels::KvDtype::kFloat32;
-  if (!echokv::kernels::ParseKvDtype(absl::GetFlag(FLAGS_batch_cache_dtype), &dtype)) {
-    std::fprintf(stderr, "error: --batch_cache_dtype must be float32 or int8\n");
-    return 2;
-  }
-  auto converted = prefilled.ToStorage(dtype);
-  if (!converted.ok()) return echokv::bench::ReportBenchError(converted.status());
-  const echokv::model::KvCache base = std::move(*converted);
-  std::printf("caches: %s (%.1f KiB per 256-token row)\n", echokv::kernels::KvDtypeName(dtype), base.KvBytes() / 1024.0);
   const int first = echokv::model::Argmax(absl::MakeConstSpan(pre->logits.data_ptr<float>(), pre->logits.numel()));
-  for (absl::string_view b : absl::StrSplit(batches, ',')) {
-    int n = 0;
-    if (!absl::SimpleAtoi(b, &n) || n < 1) {
-      std::fprintf(stderr, "error: bad --batches entry '%s'\n", std::string(b).c_str());
-      return 2;
-    }
+  for (const int n : batches) {
     std::vector<echokv::model::KvCache> caches;
     for (int i = 0; i < n; ++i) caches.push_back(base.Clone());  // each row its own storage
     std::vector<echokv::model::DecodeRow> rows(n);
@@ -288,6 +347,8 @@ int main(int argc, char** argv) {
   echokv::DashedFlagArgs dashed(argc, argv);
   absl::ParseCommandLine(dashed.argc(), dashed.argv());
   echokv::InitLogging(argv[0]);
+  const absl::StatusOr<std::vector<int>> batches = ParseBatches(absl::GetFlag(FLAGS_batches));
+  if (!batches.ok()) return echokv::bench::ReportBenchError(batches.status());
   std::optional<echokv::bench::Roofline> roofline;
   if (absl::GetFlag(FLAGS_roofline) && !absl::GetFlag(FLAGS_batches).empty()) {
     // Before the model exists: its pool switching remembers what it last set.
@@ -389,5 +450,14 @@ int main(int argc, char** argv) {
   }
   std::printf("peak RSS: %.1f MiB (VmHWM, after the contexts)\n",
               static_cast<double>(echokv::bench::PeakRssBytes()) / (1 << 20));
-  return BatchedDecode(**model, absl::GetFlag(FLAGS_batches), absl::GetFlag(FLAGS_decode), roofline);
+  const int batch_context = absl::GetFlag(FLAGS_batch_context);
+  if (batch_context < 1) {
+    std::fprintf(stderr, "error: --batch_context must be >= 1 (got %d)\n", batch_context);
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_cache_dtypes) && !batches->empty()) {
+    absl::Status s = BatchedDtypePairs(**model, *batches, batch_context, decode, absl::GetFlag(FLAGS_repeats));
+    if (!s.ok()) return echokv::bench::ReportBenchError(s);
+  }
+  return BatchedDecode(**model, *batches, batch_context, decode, roofline);
 }

@@ -146,11 +146,12 @@ class Server:
 
 def run_one(client, case, setting, policy, ratio, cache_dtype="float32"):
     """One session of the case: its answer and figures. `cache_dtype` int8 (issue 31)
-    stores the retained tier in int8; the record's policy is then "<policy>@int8" (the
-    full cache stays float32, the reference)."""
+    stores the retained tier in int8; the record's policy is then "<policy>@int8". The
+    reference (policy full, float32) is in every run; "full@int8" is the whole cache in
+    int8 (llama.cpp's q8_0-cache choice: no eviction, only quantization)."""
     segs = case["segment_ids"]
     if policy == "full":
-        comp, budget = {"policy": "full", "memory": "evict"}, None
+        comp, budget = {"policy": "full", "memory": "evict", "cache_dtype": cache_dtype}, None
     else:
         budget = budget_for(case, setting, ratio)
         memory = "tiered" if setting == "agent_tiered" else "evict"
@@ -180,8 +181,7 @@ def run_one(client, case, setting, policy, ratio, cache_dtype="float32"):
         "case_id": case["id"], "task": case["task"], "length": case["length"], "n_tokens": case["n_tokens"],
         "context_tokens": case["context_tokens"], "question_tokens": case["question_tokens"],
         "setting": setting, "ratio": 0.0 if policy == "full" else ratio, "budget": budget,
-        "policy": policy if policy == "full" or cache_dtype == "float32" else "%s@%s" % (policy, cache_dtype),
-        "cache_dtype": "float32" if policy == "full" else cache_dtype,
+        "policy": label(policy, cache_dtype), "cache_dtype": cache_dtype,
         "retained_kv_bytes": session.retained_kv_bytes,
         "compressed_tokens": report.context_tokens if report is not None else None,
         "retained_entries": session.retained_entries,
@@ -189,6 +189,25 @@ def run_one(client, case, setting, policy, ratio, cache_dtype="float32"):
         "prediction": result.text, "answers": case["answers"],
         "score": score(result.text, case["answers"], case["scoring"]), "seconds": round(seconds, 3),
     }
+
+
+def cache_dtypes(text):
+    """--cache-dtype: a comma list of float32 / int8."""
+    out = text.split(",")
+    for d in out:
+        if d not in ("float32", "int8"):
+            raise argparse.ArgumentTypeError("cache dtype %r is not float32 or int8" % d)
+    return out
+
+
+def label(policy, cache_dtype):
+    """A record's policy name: the policy, "@<dtype>" appended when not float32."""
+    return policy if cache_dtype == "float32" else "%s@%s" % (policy, cache_dtype)
+
+
+def is_full(policy):
+    """full, full@int8, kvpress/full: a cache without eviction (one column for all ratios)."""
+    return policy.split("@")[0].split("/")[-1] == "full"
 
 
 def summarize(records):
@@ -228,7 +247,7 @@ def load_records(paths):
 
 def markdown(records, engine=None):
     """One table per task: rows (engine, setting, policy), columns the ratios."""
-    ratios = sorted({r["ratio"] for r in records if not r["policy"].endswith("full")})
+    ratios = sorted({r["ratio"] for r in records if not is_full(r["policy"])}) or [0.0]
     tasks = sorted({r["task"] for r in records}) + ["all"]
     summ = summarize(records)
     cell = {(s["setting"], s["policy"], s["ratio"], s["task"]): s for s in summ}
@@ -241,7 +260,7 @@ def markdown(records, engine=None):
         lines.append("| engine | setting | policy | n | " + " | ".join("r=%g" % x for x in ratios) + " |")
         lines.append("|---|---|---|---|" + "---|" * len(ratios))
         for (setting, policy) in sorted(engines, key=lambda k: (engines[k], k[0], k[1] != "full", k[1])):
-            if policy == "full" or policy.endswith("/full"):
+            if is_full(policy):
                 s = cell.get((setting, policy, 0.0, task))
                 if s:
                     lines.append("| %s | %s | %s | %d | %s |" % (
@@ -263,16 +282,16 @@ def compact(records):
     all tasks (mean [95 % CI]); the full cache's row in every table."""
     summ = {(s["setting"], s["policy"], s["ratio"], s["task"]): s for s in summarize(records)}
     tasks = sorted({r["task"] for r in records})
-    ratios = sorted({r["ratio"] for r in records if not r["policy"].endswith("full")})
+    ratios = sorted({r["ratio"] for r in records if not is_full(r["policy"])}) or [0.0]
     rows = sorted({(r.get("engine", "echokv-server"), r["setting"], r["policy"]) for r in records},
-                  key=lambda k: (k[0], k[1], not k[2].endswith("full"), k[2]))
+                  key=lambda k: (k[0], k[1], not is_full(k[2]), k[2]))
     lines = []
     for ratio in ratios:
         lines.append("\n**r = %g**\n" % ratio)
         lines.append("| engine | setting | policy | n | " + " | ".join(tasks) + " | all [95 % CI] |")
         lines.append("|---|---|---|---|" + "---|" * (len(tasks) + 1))
         for engine, setting, policy in rows:
-            at = 0.0 if policy.endswith("full") else ratio
+            at = 0.0 if is_full(policy) else ratio
             if (setting, policy, at, "all") not in summ:
                 continue
             s = summ[(setting, policy, at, "all")]
@@ -333,8 +352,9 @@ def main():
     parser.add_argument("--ratios")
     parser.add_argument("--settings")
     parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--cache-dtype", default="float32", choices=("float32", "int8"),
-                        help="storage of the compressed sessions' retained tier (records: policy@int8)")
+    parser.add_argument("--cache-dtype", default="float32", type=cache_dtypes,
+                        help="comma list of storages of the sessions' retained tier, e.g. float32,int8 "
+                             "(records: policy@int8; 'full' in --policies adds full@int8)")
     parser.add_argument("--summarize", nargs="+", metavar="JSON", help="print markdown tables and exit")
     parser.add_argument("--compact", action="store_true", help="with --summarize: one table per ratio, tasks as columns")
     parser.add_argument("--pairs", help="with --summarize: paired differences, e.g. snapkv=kvpress/snapkv,...")
@@ -366,11 +386,15 @@ def main():
     tokenize_cases(args.tokenize_binary, model, cases)
     plan = []
     for c in cases:
-        plan.append((c, "qaware", "full", 0.0))
-        for setting in settings:
-            for policy in (preset.get("agent_policies", policies) if setting.startswith("agent") else policies):
-                for ratio in ratios:
-                    plan.append((c, setting, policy, ratio))
+        plan.append((c, "qaware", "full", 0.0, "float32"))
+        for dtype in args.cache_dtype:
+            if dtype != "float32" and "full" in policies:
+                plan.append((c, "qaware", "full", 0.0, dtype))
+            for setting in settings:
+                for policy in (preset.get("agent_policies", policies) if setting.startswith("agent") else policies):
+                    if policy != "full":
+                        for ratio in ratios:
+                            plan.append((c, setting, policy, ratio, dtype))
     partial = args.out + ".partial.jsonl"
     done = {}
     if args.resume and os.path.exists(partial):
@@ -397,20 +421,18 @@ def main():
         client = echokv.Client(address)
         info = client.info()
         with open(partial, "a") as log:
-            for k, (case, setting, policy, ratio) in enumerate(plan):
-                label = policy if policy == "full" or args.cache_dtype == "float32" else "%s@%s" % (
-                    policy, args.cache_dtype)
-                key = (case["id"], setting, label, ratio if policy != "full" else 0.0)
+            for k, (case, setting, policy, ratio, dtype) in enumerate(plan):
+                key = (case["id"], setting, label(policy, dtype), ratio)
                 if key in done:
                     records.append(done[key])
                     continue
-                r = run_one(client, case, setting, policy, ratio, args.cache_dtype)
+                r = run_one(client, case, setting, policy, ratio, dtype)
                 records.append(r)
                 log.write(json.dumps(r, sort_keys=True) + "\n")
                 log.flush()
                 elapsed = time.monotonic() - started
                 print("[%d/%d %.0fs] %s %s %s r=%g B=%s -> %.2f (%.1fs) %r" % (
-                    k + 1, len(plan), elapsed, case["id"], setting, policy, ratio, r["budget"], r["score"],
+                    k + 1, len(plan), elapsed, case["id"], setting, r["policy"], ratio, r["budget"], r["score"],
                     r["seconds"], r["prediction"][:60]), file=sys.stderr, flush=True)
         client.close()
     except BaseException:

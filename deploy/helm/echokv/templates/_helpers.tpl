@@ -199,6 +199,9 @@ ipFamilies: [{{ if eq $fam "ipv4" }}IPv4{{ else }}IPv6{{ end }}]
 {{- if and $cuda (ne .Values.server.device "cuda") (ne .Values.server.device "cuda:0") }}
 {{- fail (printf "server.device=%s: a pod sees its one GPU as cuda:0; use cuda or cuda:0" .Values.server.device) }}
 {{- end }}
+{{- if and (eq .Values.compression.cacheDtype "int8") (or $cuda (ne .Values.server.dtype "float32")) }}
+{{- fail (printf "compression.cacheDtype=int8 needs server.device=cpu and server.dtype=float32 (got %s, %s): the int8 retained tier is built for the CPU float32 path" .Values.server.device .Values.server.dtype) }}
+{{- end }}
 {{- if and $cuda (gt (int64 .Values.gpu.memoryBytes) 0) }}
 {{- $need := add (int64 .Values.model.sizeBytes) (int64 .Values.limits.maxKvBytes) }}
 {{- $have := div (mul (int64 .Values.gpu.memoryBytes) 9) 10 }}
