@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "model/transformer.h"
+#include "tests/model/rel_diff.h"
 #include "tests/model/naive_reference.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_data.h"
@@ -26,6 +27,7 @@ namespace {
 
 using ::echokv::testing::MakeRandomModel;
 using ::echokv::testing::NaiveModel;
+using ::echokv::testing::RelDiff;
 using ::echokv::testing::StatusIs;
 using ::echokv::testing::TinyConfig;
 
@@ -37,22 +39,6 @@ using ::echokv::testing::TinyConfig;
 // bits, checked below); a wrong position, mask, cache entry or row mix-up moves
 // logits by > 1e-2 (checked below: the comparison can fail).
 constexpr double kTol = 1e-5;
-
-double RelDiff(const at::Tensor& a, const std::vector<double>& b) {
-  const at::Tensor af = a.to(at::kFloat).contiguous();
-  const float* p = af.data_ptr<float>();
-  double m = 0, scale = 1.0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    m = std::max(m, std::abs(static_cast<double>(p[i]) - b[i]));
-    scale = std::max(scale, std::abs(b[i]));
-  }
-  return m / scale;
-}
-
-double RelDiff(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor bd = b.to(at::kDouble);
-  return (a.to(at::kDouble) - bd).abs().max().item<double>() / std::max(1.0, bd.abs().max().item<double>());
-}
 
 // ECHOKV_DECODE_BATCH_BLAS=1: the batched products are OpenBLAS's, in another order.
 bool BatchUsesBlas() {

@@ -19,6 +19,7 @@
 #include "kernels/kv_quant.h"
 #include "model/kv_cache.h"
 #include "model/transformer.h"
+#include "tests/model/rel_diff.h"
 #include "tests/model/naive_reference.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_data.h"
@@ -259,14 +260,10 @@ TEST(KvCacheInt8Test, AttentionArgsReadTheCacheInPlace) {
 // ---- the model over int8 caches ----
 
 using ::echokv::testing::MakeRandomModel;
+using ::echokv::testing::RelDiff;
 using ::echokv::testing::TinyConfig;
 
 constexpr double kInt8Tol = 0.08;
-
-double RelDiff(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor bd = b.to(at::kDouble);
-  return (a.to(at::kDouble) - bd).abs().max().item<double>() / std::max(1.0, bd.abs().max().item<double>());
-}
 
 class Int8DecodeTest : public ::testing::TestWithParam<ModelType> {
  protected:

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kernels/rope.h"
 #include "nlohmann/json.hpp"
+#include "tests/model/rel_diff.h"
 #include "tests/model/naive_reference.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_data.h"
@@ -26,6 +27,7 @@ namespace {
 
 using ::echokv::testing::MakeRandomModel;
 using ::echokv::testing::NaiveModel;
+using ::echokv::testing::RelDiff;
 using ::echokv::testing::StatusIs;
 using ::echokv::testing::TinyConfig;
 
@@ -52,24 +54,6 @@ std::vector<int> Tokens(int n, int vocab, int seed) {
   std::vector<int> t(n);
   for (int i = 0; i < n; ++i) t[i] = (i * 7 + seed * 13 + (i * i) % 5) % vocab;
   return t;
-}
-
-// Max |a - b| divided by the scale max(1, max |b|) of the float64 reference b.
-double RelDiff(const at::Tensor& a, const std::vector<double>& b) {
-  const at::Tensor af = a.to(at::kFloat).contiguous();
-  const float* p = af.data_ptr<float>();
-  double m = 0, scale = 1.0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    m = std::max(m, std::abs(static_cast<double>(p[i]) - b[i]));
-    scale = std::max(scale, std::abs(b[i]));
-  }
-  return m / scale;
-}
-
-// Max |a - b| divided by the scale max(1, max |b|) of b (two float32 computations).
-double RelDiff(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor bd = b.to(at::kDouble);
-  return (a.to(at::kDouble) - bd).abs().max().item<double>() / std::max(1.0, bd.abs().max().item<double>());
 }
 
 class TransformerFamilyTest : public ::testing::TestWithParam<ModelType> {

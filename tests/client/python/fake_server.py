@@ -313,8 +313,13 @@ class FakeReplica:
         return self
 
     def stop(self):
+        """Stops the fake and waits until its shutdown completed (connections closed):
+        returning earlier let a test's next call reach a server half way through its
+        shutdown, where a stream could be taken and never answered (deploy_routing_walk
+        hung on it under load)."""
         if self._server is not None:
-            self._server.stop(grace=None)
+            if not self._server.stop(grace=None).wait(timeout=30):
+                raise RuntimeError("fake replica %s did not shut down in 30 s" % self.name)
             self._server = None
 
     def fail_next(self, method, code, message="injected", trailing=(), times=1):
