@@ -62,8 +62,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithModel(const EngineConf
   if (!impl->chat.has_value()) impl->chat_error = "no chat template";
   const model::ModelConfig& mc = impl->model->config();
   try {
-    impl->bytes_per_token = impl->model->NewCache().FullEquivalentKvBytes(1);
-    const at::TensorOptions o = impl->model->NewCache().options();
+    const model::KvCache probe = impl->model->NewCache();  // one empty cache: its shape and options
+    impl->bytes_per_token = probe.FullEquivalentKvBytes(1);
+    const at::TensorOptions o = probe.options();
     impl->int8_bytes_per_token =
         int64_t{mc.num_layers} * mc.num_kv_heads * kernels::KvEntryBytes(kernels::KvDtype::kInt8, mc.head_dim);
     impl->int8_cache_ok = o.dtype() == at::kFloat && o.device().is_cpu();

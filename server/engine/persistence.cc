@@ -418,11 +418,13 @@ absl::StatusOr<std::shared_ptr<SessionData>> LoadSessionData(const state::Sessio
         return absl::DataLossError(absl::StrCat("next_position is ", m.meta.next_position, ", the session holds ",
                                                 total, " tokens"));
       }
-      data->hot = model.NewCache();
       const bool int8 = !reader.FindAll("hot.k8.0").empty();
+      model::KvCache fresh = model.NewCache();
       if (int8) {
         ECHOKV_ASSIGN_OR_RETURN(data->hot, model::KvCache::WithStorage(c.num_layers, c.num_kv_heads, c.head_dim,
-                                                                       data->hot.options(), kernels::KvDtype::kInt8));
+                                                                       fresh.options(), kernels::KvDtype::kInt8));
+      } else {
+        data->hot = std::move(fresh);
       }
       for (int l = 0; l < c.num_layers; ++l) {
         const std::string name = absl::StrCat("hot.pos.", l);
