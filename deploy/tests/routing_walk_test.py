@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import os
 import sys
+import threading
 import unittest
 
 if __name__ == "__main__":
@@ -90,12 +91,33 @@ class DirectTest(unittest.TestCase):
     def create_on(self, name, text="Once"):
         return self.client.create(text, replica=name)
 
+    def gone(self, name):
+        """The pod is scaled away: its fake stops, and the test goes on once the client's
+        channel to it has seen the connection close. A call started while that
+        connection is being torn down can stay unanswered past its deadline (grpcio
+        1.51; 1 run in ~20 of this test hung there until ctest's timeout), a race of the
+        test's making: a pod's removal and the next call are not microseconds apart."""
+        address = self.fakes[name].address
+        self.fakes[name].stop()
+        channel = self.client._channels.get(address)[0]
+        closed = threading.Event()
+
+        def on_state(state):
+            if state != grpc.ChannelConnectivity.READY:
+                closed.set()
+
+        channel.subscribe(on_state, try_to_connect=False)
+        try:
+            self.assertTrue(closed.wait(10), "the client's channel to %s stayed READY after its stop" % name)
+        finally:
+            channel.unsubscribe(on_state)
+
     def test_gone_owner_is_walked_for_reads_and_streams(self):
         s = self.create_on("echokv-2")
         self.assertTrue(s.id.startswith("echokv-2."))
         before = self.client.generate(s.id, max_tokens=3).collect().token_ids
         move(s.id, self.fakes["echokv-2"], self.fakes["echokv-1"])  # 2 -> 2/2 = 1
-        self.fakes["echokv-2"].stop()                                # scaled away
+        self.gone("echokv-2")                                        # scaled away
         for f in self.fakes.values():
             f.clear()
         self.assertEqual(self.client.get(s.id).id, s.id)
@@ -108,7 +130,7 @@ class DirectTest(unittest.TestCase):
     def test_stream_walks_before_learning(self):
         s = self.create_on("echokv-2")
         move(s.id, self.fakes["echokv-2"], self.fakes["echokv-0"])  # after two scale-downs
-        self.fakes["echokv-2"].stop()
+        self.gone("echokv-2")
         out = self.client.generate(s.id, max_tokens=2).collect()
         self.assertEqual(len(out.token_ids), 2)
         # 2 is gone (UNAVAILABLE), 1 answers NOT_FOUND, 0 holds it.
@@ -128,7 +150,7 @@ class DirectTest(unittest.TestCase):
     def test_unary_mutation_is_not_resent_after_unavailable(self):
         s = self.create_on("echokv-2")
         move(s.id, self.fakes["echokv-2"], self.fakes["echokv-1"])
-        self.fakes["echokv-2"].stop()
+        self.gone("echokv-2")
         with self.assertRaises(echokv.Unavailable):
             self.client.fork(s.id)  # may have run on the owner: never sent elsewhere
         self.assertEqual(self.fakes["echokv-1"].methods(), [])
@@ -137,7 +159,7 @@ class DirectTest(unittest.TestCase):
         """The owner is down with the session on its volume (a rolling update): the heirs
         answer NOT_FOUND, and the client reports the owner's UNAVAILABLE (retry later)."""
         s = self.create_on("echokv-2")
-        self.fakes["echokv-2"].stop()
+        self.gone("echokv-2")
         with self.assertRaises(echokv.Unavailable):
             self.client.get(s.id, timeout=5)
         with self.assertRaises(echokv.Unavailable):
@@ -156,7 +178,7 @@ class DirectTest(unittest.TestCase):
     def test_async_client_walks_the_same(self):
         s = self.create_on("echokv-2")
         move(s.id, self.fakes["echokv-2"], self.fakes["echokv-0"])
-        self.fakes["echokv-2"].stop()
+        self.gone("echokv-2")
 
         async def run():
             async with echokv.AsyncClient(replicas={n: f.address for n, f in self.fakes.items()},
