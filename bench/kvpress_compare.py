@@ -165,9 +165,10 @@ def main():
     elif os.path.exists(partial):
         os.unlink(partial)
     records, started = [], time.monotonic()
+    cache_dtype = "float32" if args.cache == "dynamic" else args.cache  # the records' dtype and label suffix
     with open(partial, "a") as log:
         for k, (case, setting, name, ratio) in enumerate(plan):
-            label = "kvpress/" + name + ("" if args.cache == "dynamic" else "@" + args.cache)
+            label = ev.label("kvpress/" + name, cache_dtype)
             key = (case["id"], setting, label, ratio)
             if key in done:
                 records.append(done[key])
@@ -180,7 +181,7 @@ def main():
                 "case_id": case["id"], "task": case["task"], "length": case["length"], "n_tokens": case["n_tokens"],
                 "context_tokens": case["context_tokens"], "question_tokens": case["question_tokens"],
                 "setting": setting, "policy": label, "ratio": ratio, "engine": "kvpress",
-                "cache_dtype": "float32" if args.cache == "dynamic" else args.cache,
+                "cache_dtype": cache_dtype,
                 "budget": None if name == "full" else int(compressed * (1 - ratio)),
                 "compressed_tokens": compressed,
                 "retained_entries": kept + (model.config.num_hidden_layers * model.config.num_key_value_heads

@@ -18,11 +18,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -84,6 +86,22 @@ std::string LoadAverage() {
   return in >> one ? one : "?";
 }
 
+// `repeats` pairs of run(0) and run(1), the order alternating from pair to pair; the
+// median of each side's results (tok/s).
+absl::StatusOr<std::array<double, 2>> PairedMedians(int repeats,
+                                                    const std::function<absl::StatusOr<double>(int)>& run) {
+  std::vector<double> got[2];
+  for (int r = 0; r < repeats; ++r) {
+    for (int k = 0; k < 2; ++k) {
+      const int which = (r % 2 == 0) ? k : 1 - k;
+      ECHOKV_ASSIGN_OR_RETURN(const double v, run(which));
+      got[which].push_back(v);
+    }
+  }
+  for (auto& v : got) std::sort(v.begin(), v.end());
+  return std::array<double, 2>{got[0][got[0].size() / 2], got[1][got[1].size() / 2]};
+}
+
 // Issue 31: single-stream decode from one prefill per context, its cache in float32 and
 // in int8 (the same rows quantized), `repeats` pairs in alternating order.
 absl::Status CacheDtypePairs(const echokv::model::Transformer& model, const std::vector<int>& contexts, int decode,
@@ -102,23 +120,17 @@ absl::Status CacheDtypePairs(const echokv::model::Transformer& model, const std:
     if (!pre.ok()) return pre.status();
     ECHOKV_ASSIGN_OR_RETURN(echokv::model::KvCache int8, cache.ToStorage(echokv::kernels::KvDtype::kInt8));
     const int first = echokv::model::Argmax(absl::MakeConstSpan(pre->logits.data_ptr<float>(), pre->logits.numel()));
-    std::vector<double> tps[2];
-    for (int r = 0; r < repeats; ++r) {
-      for (int k = 0; k < 2; ++k) {
-        const int which = (r % 2 == 0) ? k : 1 - k;
-        echokv::model::KvCache run = (which == 0 ? cache : int8).Clone();
-        int next = first;
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < decode; ++i) {
-          auto step = model.Decode(next, &run);
-          if (!step.ok()) return step.status();
-          next = echokv::model::Argmax(absl::MakeConstSpan(step->logits.data_ptr<float>(), step->logits.numel()));
-        }
-        tps[which].push_back(decode / Seconds(t0, std::chrono::steady_clock::now()));
+    ECHOKV_ASSIGN_OR_RETURN(const auto tps, PairedMedians(repeats, [&](int which) -> absl::StatusOr<double> {
+      echokv::model::KvCache run = (which == 0 ? cache : int8).Clone();
+      int next = first;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < decode; ++i) {
+        ECHOKV_ASSIGN_OR_RETURN(auto step, model.Decode(next, &run));
+        next = echokv::model::Argmax(absl::MakeConstSpan(step.logits.data_ptr<float>(), step.logits.numel()));
       }
-    }
-    for (auto& v : tps) std::sort(v.begin(), v.end());
-    const double f = tps[0][tps[0].size() / 2], q = tps[1][tps[1].size() / 2];
+      return decode / Seconds(t0, std::chrono::steady_clock::now());
+    }));
+    const double f = tps[0], q = tps[1];
     std::printf("%-8d %14.1f %14.1f %7.2fx %12.1f %12.1f %6s\n", context, f, q, q / f, cache.KvBytes() / 1024.0,
                 int8.KvBytes() / 1024.0, LoadAverage().c_str());
     std::fflush(stdout);
@@ -146,28 +158,22 @@ absl::Status BatchedDtypePairs(const echokv::model::Transformer& model, const st
   std::printf("%-8s %14s %14s %8s %12s %12s %6s\n", "streams", "f32 tok/s", "int8 tok/s", "ratio", "f32 MiB",
               "int8 MiB", "load1");
   for (const int n : batches) {
-    std::vector<double> tps[2];
-    for (int r = 0; r < repeats; ++r) {
-      for (int k = 0; k < 2; ++k) {
-        const int which = (r % 2 == 0) ? k : 1 - k;
-        std::vector<echokv::model::KvCache> caches;
-        for (int i = 0; i < n; ++i) caches.push_back(base[which]->Clone());
-        std::vector<echokv::model::DecodeRow> rows(n);
-        for (int i = 0; i < n; ++i) rows[i] = {(first + i) % cfg.vocab_size, &caches[i], false};
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int s = 0; s < steps; ++s) {
-          auto out = model.DecodeBatch(rows);
-          if (!out.ok()) return out.status();
-          for (int i = 0; i < n; ++i) {
-            const at::Tensor& l = (*out)[i].logits;
-            rows[i].token = echokv::model::Argmax(absl::MakeConstSpan(l.data_ptr<float>(), l.numel()));
-          }
+    ECHOKV_ASSIGN_OR_RETURN(const auto tps, PairedMedians(repeats, [&](int which) -> absl::StatusOr<double> {
+      std::vector<echokv::model::KvCache> caches;
+      for (int i = 0; i < n; ++i) caches.push_back(base[which]->Clone());
+      std::vector<echokv::model::DecodeRow> rows(n);
+      for (int i = 0; i < n; ++i) rows[i] = {(first + i) % cfg.vocab_size, &caches[i], false};
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int s = 0; s < steps; ++s) {
+        ECHOKV_ASSIGN_OR_RETURN(auto out, model.DecodeBatch(rows));
+        for (int i = 0; i < n; ++i) {
+          const at::Tensor& l = out[i].logits;
+          rows[i].token = echokv::model::Argmax(absl::MakeConstSpan(l.data_ptr<float>(), l.numel()));
         }
-        tps[which].push_back(static_cast<double>(n) * steps / Seconds(t0, std::chrono::steady_clock::now()));
       }
-    }
-    for (auto& v : tps) std::sort(v.begin(), v.end());
-    const double f = tps[0][tps[0].size() / 2], q = tps[1][tps[1].size() / 2];
+      return static_cast<double>(n) * steps / Seconds(t0, std::chrono::steady_clock::now());
+    }));
+    const double f = tps[0], q = tps[1];
     std::printf("%-8d %14.1f %14.1f %7.2fx %12.1f %12.1f %6s\n", n, f, q, q / f,
                 n * prefilled.KvBytes() / 1048576.0, n * int8.KvBytes() / 1048576.0, LoadAverage().c_str());
     std::fflush(stdout);
@@ -349,8 +355,13 @@ int main(int argc, char** argv) {
   echokv::InitLogging(argv[0]);
   const absl::StatusOr<std::vector<int>> batches = ParseBatches(absl::GetFlag(FLAGS_batches));
   if (!batches.ok()) return echokv::bench::ReportBenchError(batches.status());
+  const int batch_context = absl::GetFlag(FLAGS_batch_context);
+  if (batch_context < 1) {  // before the model loads and the contexts table runs
+    std::fprintf(stderr, "error: --batch_context must be >= 1 (got %d)\n", batch_context);
+    return 2;
+  }
   std::optional<echokv::bench::Roofline> roofline;
-  if (absl::GetFlag(FLAGS_roofline) && !absl::GetFlag(FLAGS_batches).empty()) {
+  if (absl::GetFlag(FLAGS_roofline) && !batches->empty()) {
     // Before the model exists: its pool switching remembers what it last set.
     const int t = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : echokv::DefaultThreadCount();
     roofline = echokv::bench::MeasureRoofline(t, 2.0);
@@ -450,11 +461,6 @@ int main(int argc, char** argv) {
   }
   std::printf("peak RSS: %.1f MiB (VmHWM, after the contexts)\n",
               static_cast<double>(echokv::bench::PeakRssBytes()) / (1 << 20));
-  const int batch_context = absl::GetFlag(FLAGS_batch_context);
-  if (batch_context < 1) {
-    std::fprintf(stderr, "error: --batch_context must be >= 1 (got %d)\n", batch_context);
-    return 2;
-  }
   if (absl::GetFlag(FLAGS_cache_dtypes) && !batches->empty()) {
     absl::Status s = BatchedDtypePairs(**model, *batches, batch_context, decode, absl::GetFlag(FLAGS_repeats));
     if (!s.ok()) return echokv::bench::ReportBenchError(s);

@@ -31,7 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import longctx_eval as ev  # noqa: E402  (records, de-duplication)
 
-BYTES_PER_VALUE = {"float32": 4.0, "int8": 68.0 / 64, "quanto4": 0.625, "quanto2": 0.375}
+# kvpress records' bytes per value by cache (ours carry the server's own bytes).
+BYTES_PER_VALUE = {"float32": 4.0, "quanto4": 0.625, "quanto2": 0.375}
 PEER_MARKS = (("fp8_e4m3 full (vLLM, SGLang)", 0.25), ("q8_0 full (llama.cpp)", 34.0 / 128))
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 

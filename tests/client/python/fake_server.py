@@ -313,10 +313,9 @@ class FakeReplica:
         return self
 
     def stop(self):
-        """Stops the fake and waits until its shutdown completed (connections closed):
-        returning earlier let a test's next call reach a server half way through its
-        shutdown, where a stream could be taken and never answered (deploy_routing_walk
-        hung on it under load)."""
+        """Stops the fake and waits until its shutdown completed, so the port is closed
+        when this returns. (The client's own channel may still be READY a moment longer:
+        deploy_routing_walk's `gone` waits for that.)"""
         if self._server is not None:
             if not self._server.stop(grace=None).wait(timeout=30):
                 raise RuntimeError("fake replica %s did not shut down in 30 s" % self.name)
