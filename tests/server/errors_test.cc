@@ -227,7 +227,10 @@ TEST(OpenAiTableTest, ParamOfEachEngineField) {
       {"stop", "stop", "stop"},
       {"stop_token_ids", "stop_token_ids", "stop_token_ids"},
       {"compression", "echokv", "echokv"},
-      {"compression.budget", "echokv", "echokv"},
+      {"compression.budget", "echokv.budget", "echokv.budget"},
+      {"compression.cache_dtype", "echokv.cache_dtype", "echokv.cache_dtype"},
+      {"compression.bootstrap", "echokv", "echokv"},  // no HTTP spelling: the object
+      {"compression.budgets", "echokv", "echokv"},
       {"ttl_seconds", "echokv.ttl_seconds", "echokv.ttl_seconds"},
       {"echokv.policy", "echokv.policy", "echokv.policy"},
       {"session_id", "session_id", "session_id"},
@@ -255,6 +258,35 @@ TEST(OpenAiTableTest, ParamOfEachEngineField) {
   EXPECT_TRUE(mismatch.no_retry);
   EXPECT_EQ(OpenAiError(ErrorKind::kConversationMismatch, "input.chat", chat).param, "messages");
   EXPECT_FALSE(OpenAiError(ErrorKind::kBusy, "session_id", chat).no_retry);
+}
+
+// The message names the field as the request spells it (the param), not as the engine
+// does; an undotted field is a word the text may use otherwise, so it is left alone.
+TEST(OpenAiTableTest, MessageNamesTheRequestsField) {
+  OpenAiParamNames chat;
+  chat.input = "messages";
+  const std::tuple<std::string, std::string, std::string, std::string> cases[] = {
+      // field, engine message, HTTP message, param
+      {"compression.cache_dtype", "compression.cache_dtype int8 needs the CPU float32 model",
+       "echokv.cache_dtype int8 needs the CPU float32 model", "echokv.cache_dtype"},
+      {"sampling.temperature", "sampling.temperature: must be in [0, 2], got 3",
+       "temperature: must be in [0, 2], got 3", "temperature"},
+      {"input.chat[3]", "input.chat[3] differs from the session's message 3",
+       "messages[3] differs from the session's message 3", "messages[3]"},
+      {"compression.bootstrap", "compression.bootstrap: unknown mode x", "echokv: unknown mode x", "echokv"},
+      {"input", "the input is empty", "the input is empty", "messages"},
+      {"echokv.policy", "echokv.policy: unknown policy x", "echokv.policy: unknown policy x", "echokv.policy"},
+  };
+  for (const auto& [field, engine, http, param] : cases) {
+    const ErrorKind kind = field == "input.chat[3]" ? ErrorKind::kConversationMismatch : ErrorKind::kInvalidArgument;
+    const HttpError e = ToHttpError(MakeError(kind, field, engine), chat);
+    EXPECT_EQ(e.message, http) << field;
+    EXPECT_EQ(e.param, param) << field;
+  }
+  // Errors without a param keep the engine's text.
+  EXPECT_EQ(ToHttpError(MakeError(ErrorKind::kOutOfRange, "compression.budget", "compression.budget too large"),
+                        chat).message,
+            "compression.budget too large");
 }
 
 TEST(OpenAiTableTest, StatusesWithoutPayloadAnswerAsTheirCode) {

@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 
 namespace echokv::server {
 
@@ -24,7 +25,17 @@ std::string ParamOf(absl::string_view field, const OpenAiParamNames& names) {
                                      : "";
   if (head == "stop") return "stop";
   if (head == "stop_token_ids") return "stop_token_ids";
-  if (head == "compression") return "echokv";
+  if (head == "compression") {
+    // The fields the HTTP door's `echokv` object has, under the same names; the others
+    // (bootstrap, repair, snapkv_window, ...) have no HTTP spelling: the object.
+    static constexpr absl::string_view kEchokvFields[] = {"policy", "budget", "lookahead", "workspace",
+                                                          "window", "memory", "cache_dtype"};
+    const absl::string_view rest = field.substr(head.size());
+    for (absl::string_view f : kEchokvFields) {
+      if (rest.size() == f.size() + 1 && rest[0] == '.' && rest.substr(1) == f) return absl::StrCat("echokv.", f);
+    }
+    return "echokv";
+  }
   if (head == "ttl_seconds") return "echokv.ttl_seconds";
   if (head == "echokv" || head == "session_id") return std::string(field);
   return "";
@@ -113,6 +124,11 @@ HttpError ToHttpError(const absl::Status& status, const OpenAiParamNames& names)
   e.retry_after_s = shape.retry_after_s;
   e.no_retry = shape.no_retry;
   e.message = std::string(status.message());
+  // The engine's dotted field in the request's spelling (the param), wherever the
+  // message names it.
+  if (!e.param.empty() && e.param != info.field && info.field.find_first_of(".[") != std::string::npos) {
+    e.message = absl::StrReplaceAll(e.message, {{info.field, e.param}});
+  }
   return e;
 }
 

@@ -64,8 +64,10 @@ struct OpenAiParamNames {
 // except context_length_exceeded and conversation_mismatch. 429 and 503 carry retry_after_s = 1. `param`, for
 // kInvalidArgument and kUnimplemented only, from the field: input* -> names.input,
 // max_tokens -> names.max_tokens, sampling.X -> X, stop* -> stop, stop_token_ids* ->
-// stop_token_ids, compression* -> echokv, ttl_seconds -> echokv.ttl_seconds, echokv.X
-// and session_id as they are; any other field -> null.
+// stop_token_ids, compression.X -> echokv.X for the `echokv` object's fields (policy,
+// budget, lookahead, workspace, window, memory, cache_dtype), any other compression* ->
+// echokv, ttl_seconds -> echokv.ttl_seconds, echokv.X and session_id as they are; any
+// other field -> null.
 struct OpenAiErrorShape {
   int http_status = 500;
   std::string type;
@@ -76,7 +78,11 @@ struct OpenAiErrorShape {
 };
 OpenAiErrorShape OpenAiError(ErrorKind kind, absl::string_view field, const OpenAiParamNames& names = {});
 
-// `status` through OpenAiError (its ErrorInfoOf), the message kept. Must not be called with OK.
+// `status` through OpenAiError (its ErrorInfoOf). The message is the engine's, with the
+// engine's dotted field (e.g. "compression.cache_dtype", "sampling.temperature",
+// "input.chat[3]") written as the request's param wherever it occurs ("echokv.cache_dtype",
+// "temperature", "messages[3]"); an undotted field ("input", "max_tokens") is left alone
+// in the text (a word of prose as well). Must not be called with OK.
 HttpError ToHttpError(const absl::Status& status, const OpenAiParamNames& names = {});
 
 // A 400 invalid_request_error naming `param` (a request field, e.g. "messages[2].role").
