@@ -30,8 +30,9 @@ run is extrapolated (docs/RESULTS.md).
 
 Output JSON: {"schema": "echokv.longctx.v1", "meta": {...}, "records": [...],
 "summary": [...]}; each record: case_id, task, length, n_tokens, setting, policy, ratio,
-budget, compressed_tokens (L of the last compression), retained_entries, prediction,
-answers, score, seconds. Records are appended to OUT.partial.jsonl as they finish;
+budget, compressed_tokens (L of the last compression), retained_entries, cache_dtype,
+weights, retained_mass_mean / retained_mass_min (the fidelity signal of the last
+compression), prediction, answers, score, seconds. Records are appended to OUT.partial.jsonl as they finish;
 --resume skips the ones already there.
 """
 
@@ -108,7 +109,7 @@ def budget_for(case, setting, ratio):
 
 
 class Server:
-    def __init__(self, binary, model, threads, log_dir):
+    def __init__(self, binary, model, threads, log_dir, weights="float32"):
         self.log_path = os.path.join(log_dir, "server.log")
         self.log = open(self.log_path, "w")
         ports = os.path.join(log_dir, "ports")
@@ -118,6 +119,8 @@ class Server:
             cmd += ["--model", model]
         if threads:
             cmd += ["--threads", str(threads)]
+        if weights != "float32":
+            cmd += ["--weights", weights]
         self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -144,11 +147,10 @@ class Server:
         return code
 
 
-def run_one(client, case, setting, policy, ratio, cache_dtype="float32"):
-    """One session of the case: its answer and figures. `cache_dtype` int8 (issue 31)
-    stores the retained tier in int8; the record's policy is then "<policy>@int8". The
-    reference (policy full, float32) is in every run; "full@int8" is the whole cache in
-    int8 (llama.cpp's q8_0-cache choice: no eviction, only quantization)."""
+def open_session(client, case, setting, policy, ratio, cache_dtype="float32"):
+    """The case's session as `setting` builds it (module docstring), compressed by
+    `policy` at `ratio`: (session, budget, seconds the session took to build); the
+    caller deletes it."""
     segs = case["segment_ids"]
     if policy == "full":
         comp, budget = {"policy": "full", "memory": "evict", "cache_dtype": cache_dtype}, None
@@ -168,25 +170,44 @@ def run_one(client, case, setting, policy, ratio, cache_dtype="float32"):
         session = client.create(ids=segs[0], **comp)
         for seg in segs[1:]:
             session = client.append(session.id, ids=seg)
+    return session, budget, time.monotonic() - t0
+
+
+def run_one(client, case, setting, policy, ratio, cache_dtype="float32", weights="float32", max_tokens=None):
+    """One session of the case: its answer and figures. `cache_dtype` int8 (issue 31)
+    stores the retained tier in int8; the record's policy is then "<policy>@int8". The
+    reference (policy full, float32) is in every run; "full@int8" is the whole cache in
+    int8 (llama.cpp's q8_0-cache choice: no eviction, only quantization). `weights` is
+    the server's --weights (native: the GGUF's blocks as stored, issue 30): "@native" in
+    the label. The record carries the last compression's fidelity signal (the share of
+    its probes' attention mass the kept entries hold, mean and min over layers x groups;
+    None for the full cache). `max_tokens` replaces the case's answer cap (the suite's
+    per task) when given."""
+    t0 = time.monotonic()
+    session, budget, _ = open_session(client, case, setting, policy, ratio, cache_dtype)
     try:
         if session.tokens_seen != case["n_tokens"]:
             raise SystemExit("%s: the session holds %d tokens, the suite measured %d"
                              % (case["id"], session.tokens_seen, case["n_tokens"]))
-        result = client.generate(session.id, max_tokens=case["max_tokens"], temperature=0).collect()
+        result = client.generate(session.id, max_tokens=max_tokens or case["max_tokens"], temperature=0).collect()
     finally:
         client.delete(session.id)
     seconds = time.monotonic() - t0
     report = session.last_report
+    mass_mean = report.retained_mass_mean if report is not None and policy != "full" else -1.0
+    mass_min = report.retained_mass_min if report is not None and policy != "full" else -1.0
     return {
         "case_id": case["id"], "task": case["task"], "length": case["length"], "n_tokens": case["n_tokens"],
         "context_tokens": case["context_tokens"], "question_tokens": case["question_tokens"],
         "setting": setting, "ratio": 0.0 if policy == "full" else ratio, "budget": budget,
-        "policy": label(policy, cache_dtype), "cache_dtype": cache_dtype,
+        "policy": label(policy, cache_dtype, weights), "cache_dtype": cache_dtype, "weights": weights,
+        "retained_mass_mean": round(mass_mean, 6) if mass_mean >= 0 else None,
+        "retained_mass_min": round(mass_min, 6) if mass_min >= 0 else None,
         "retained_kv_bytes": session.retained_kv_bytes,
         "compressed_tokens": report.context_tokens if report is not None else None,
         "retained_entries": session.retained_entries,
         "kept_fraction": session.retained_kv_bytes / session.full_kv_bytes if session.full_kv_bytes else None,
-        "prediction": result.text, "answers": case["answers"],
+        "max_tokens": max_tokens or case["max_tokens"], "prediction": result.text, "answers": case["answers"],
         "score": score(result.text, case["answers"], case["scoring"]), "seconds": round(seconds, 3),
     }
 
@@ -200,9 +221,10 @@ def cache_dtypes(text):
     return out
 
 
-def label(policy, cache_dtype):
-    """A record's policy name: the policy, "@<dtype>" appended when not float32."""
-    return policy if cache_dtype == "float32" else "%s@%s" % (policy, cache_dtype)
+def label(policy, cache_dtype, weights="float32"):
+    """A record's policy name: the policy, then "@native" for the server's native weights
+    and "@<dtype>" for a cache dtype other than float32 (echokv@native@int8)."""
+    return "@".join([policy] + [x for x in (weights, cache_dtype) if x != "float32"])
 
 
 def is_full(policy):
@@ -352,6 +374,11 @@ def main():
     parser.add_argument("--ratios")
     parser.add_argument("--settings")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--max-tokens", type=int, help="answer cap for every case instead of the suite's per task "
+                        "(e.g. to see whether an answer cut at the cap was on its way)")
+    parser.add_argument("--weights", default="float32", choices=("float32", "native"),
+                        help="the started server's --weights (records labelled <policy>@native); with "
+                             "--server, what that server runs (it is not checked)")
     parser.add_argument("--cache-dtype", default="float32", type=cache_dtypes,
                         help="comma list of storages of the sessions' retained tier, e.g. float32,int8 "
                              "(records: policy@int8; 'full' in --policies adds full@int8)")
@@ -411,7 +438,7 @@ def main():
     tmp = tempfile.TemporaryDirectory(prefix="echokv-longctx-")
     server = None
     if not args.server:
-        server = Server(args.server_binary, model, args.threads, tmp.name)
+        server = Server(args.server_binary, model, args.threads, tmp.name, args.weights)
         address = server.address
     else:
         address = args.server
@@ -422,11 +449,11 @@ def main():
         info = client.info()
         with open(partial, "a") as log:
             for k, (case, setting, policy, ratio, dtype) in enumerate(plan):
-                key = (case["id"], setting, label(policy, dtype), ratio)
+                key = (case["id"], setting, label(policy, dtype, args.weights), ratio)
                 if key in done:
                     records.append(done[key])
                     continue
-                r = run_one(client, case, setting, policy, ratio, dtype)
+                r = run_one(client, case, setting, policy, ratio, dtype, args.weights, args.max_tokens)
                 records.append(r)
                 log.write(json.dumps(r, sort_keys=True) + "\n")
                 log.flush()
@@ -454,7 +481,8 @@ def main():
         "argv": sys.argv[1:], "cases": len(cases), "runs": len(records),
         "wall_seconds": round(time.monotonic() - started, 1),
         "mean_run_seconds_by_length": {k: round(sum(v) / len(v), 3) for k, v in seconds.items()},
-        "policies": policies, "ratios": ratios, "settings": settings,
+        "policies": policies, "ratios": ratios, "settings": settings, "weights": args.weights,
+        "max_tokens": args.max_tokens,
     }
     out = {"schema": SCHEMA, "meta": meta, "records": records, "summary": summarize(records)}
     with open(args.out, "w") as f:

@@ -6,7 +6,10 @@ echokv-tokenize, sent as sessions over gRPC (question-aware and tiered agent flo
 the JSON it writes must have the schema, one scored record per planned run, the session
 token counts the suite measured (the evaluator refuses a mismatch), and the full cache's
 answer right (the floor: full-cache accuracy 1.0 on niah_single-1k-00, measured
-2026-12-02 by our server and by transformers + kvpress alike, docs/RESULTS.md).
+2026-12-02 by our server and by transformers + kvpress alike, docs/RESULTS.md). Each
+compressed record carries the fidelity signal (retained attention mass), which
+bench/eval/mass_correlation.py tabulates against the drop; bench/eval/retention_map.py
+maps one session's kept positions with the needle found at its own tokens.
 
     /usr/bin/python3 tests/server/longctx_eval_test.py --server-binary build/bin/echokv-server \\
         --tokenize-binary build/bin/echokv-tokenize --client client/python
@@ -32,7 +35,7 @@ FULL_FLOOR = 1.0
 ARGS = None
 RECORD_KEYS = {"case_id", "task", "length", "n_tokens", "context_tokens", "question_tokens", "setting", "policy",
                "ratio", "budget", "compressed_tokens", "retained_entries", "kept_fraction", "prediction", "answers",
-               "score", "seconds"}
+               "score", "seconds", "cache_dtype", "weights", "retained_mass_mean", "retained_mass_min", "max_tokens"}
 
 
 def model_path():
@@ -58,6 +61,13 @@ class LongctxEvalTest(unittest.TestCase):
             self.assertIn("[3/3 ", run.stderr, "progress lines")
             with open(out) as f:
                 data = json.load(f)
+            # The fidelity signal against the accuracy drop, over this output (issue 29).
+            corr = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "eval", "mass_correlation.py"), out,
+                                   "--svg", os.path.join(tmp, "mass.svg")], capture_output=True, text=True,
+                                  timeout=60)
+            self.assertEqual(corr.returncode, 0, corr.stderr[-3000:])
+            with open(os.path.join(tmp, "mass.svg")) as f:
+                self.assertIn(">snapkv</text>", f.read())
         self.assertEqual(data["schema"], "echokv.longctx.v1")
         for key in ("engine", "commit", "date_utc", "cases", "runs", "mean_run_seconds_by_length"):
             self.assertIn(key, data["meta"])
@@ -73,13 +83,31 @@ class LongctxEvalTest(unittest.TestCase):
             self.assertEqual(r["n_tokens"], case["n_tokens"])
             self.assertTrue(0.0 <= r["score"] <= 1.0)
             self.assertIsInstance(r["prediction"], str)
+            self.assertEqual(r["weights"], "float32")
+            self.assertEqual(r["max_tokens"], case["max_tokens"])
             if r["policy"] == "full":
+                self.assertIsNone(r["retained_mass_mean"])
                 self.assertIsNone(r["budget"])
                 self.assertEqual(r["retained_entries"], 30 * 3 * case["n_tokens"])  # layers x KV groups x L
             else:
+                # The share of SnapKV's window attention the kept half holds: above what
+                # half the entries picked blindly would hold on average, at most all of it.
+                self.assertGreater(r["retained_mass_min"], 0.0)
+                self.assertLessEqual(r["retained_mass_min"], r["retained_mass_mean"])
+                self.assertLessEqual(r["retained_mass_mean"], 1.0)
+                self.assertGreater(r["retained_mass_mean"], 0.5)
                 self.assertEqual(r["budget"], int(case["n_tokens"] * 0.5))
                 self.assertEqual(r["retained_entries"], 30 * 3 * r["budget"])
                 self.assertEqual(r["compressed_tokens"], case["n_tokens"])
+        # One row per (policy, ratio) with its signal, drop and the lost count.
+        drop = None
+        full_score = next(r["score"] for r in records if r["policy"] == "full")
+        for r in records:
+            if r["policy"] == "snapkv" and r["setting"] == "qaware":
+                case_drop = full_score - r["score"]
+                drop = "| snapkv | 0.5 | 1 | %.3f | %+.3f | %d |" % (r["retained_mass_mean"], case_drop,
+                                                                   1 if case_drop > 0 else 0)
+        self.assertIn(drop, corr.stdout)
         full = [r["score"] for r in records if r["policy"] == "full"]
         self.assertGreaterEqual(sum(full) / len(full), FULL_FLOOR, [r["prediction"] for r in records])
         cells = {(s["setting"], s["policy"], s["ratio"], s["task"]) for s in data["summary"]}
@@ -123,6 +151,42 @@ class LongctxEvalTest(unittest.TestCase):
         self.assertIn("| echokv-server | full@int8 | 0 | 1 | 0.2656 | 1.000 |", plot.stdout)
         self.assertTrue(picture.startswith("<svg") and picture.rstrip().endswith("</svg>"))
         self.assertIn(">full@int8</text>", picture)
+
+
+class RetentionMapTest(unittest.TestCase):
+    def test_map_marks_the_needle_and_counts_what_each_layer_kept(self):
+        """bench/eval/retention_map.py on niah_single-1k-00, SnapKV at r = 0.5: the
+        evidence span it finds holds the needle's own tokens (tokenized alone), and the
+        map draws every kept run of the 30 x 3 rows (the session's InspectCache)."""
+        with tempfile.TemporaryDirectory(prefix="echokv-retention-test-") as tmp:
+            svg = os.path.join(tmp, "map.svg")
+            run = subprocess.run(
+                [sys.executable, os.path.join(ROOT, "bench", "eval", "retention_map.py"), "--suite", SUITE,
+                 "--case", "niah_single-1k-00", "--policies", "snapkv", "--ratio", "0.5", "--server-binary",
+                 ARGS.server_binary, "--tokenize-binary", ARGS.tokenize_binary, "--client", ARGS.client,
+                 "--model", ARGS.model, "--svg", svg], capture_output=True, text=True, timeout=600)
+            self.assertEqual(run.returncode, 0, run.stdout[-3000:] + run.stderr[-3000:])
+            with open(svg) as f:
+                picture = f.read()
+        sys.path.insert(0, os.path.join(ROOT, "bench", "eval"))
+        import longctx_eval as ev
+        with open(SUITE) as f:
+            case = next(json.loads(line) for line in f if '"niah_single-1k-00"' in line)
+        ev.tokenize_cases(ARGS.tokenize_binary, ARGS.model, [case])
+        ids = [i for seg in case["segment_ids"] for i in seg]
+        spans = json.loads(run.stdout.split("evidence at ")[1].split(", question")[0].replace("(", "[")
+                           .replace(")", "]"))
+        self.assertEqual(len(spans), 1, run.stdout)  # one needle
+        tok = ev.Tokenizer(ARGS.tokenize_binary, ARGS.model)
+        answer = tok.ids(case["answers"][0])
+        start, end = spans[0]
+        window = ids[start - 1:end + 1]  # within a token of the boundary
+        self.assertTrue(any(window[k:k + len(answer)] == answer for k in range(len(window))),
+                        (window, answer))
+        self.assertIn("snapkv, r = 0.5 (B = %d)" % int(case["n_tokens"] * 0.5), run.stdout)
+        self.assertIn("evidence kept per 5 layers:", run.stdout)
+        self.assertTrue(picture.startswith("<svg") and picture.rstrip().endswith("</svg>"))
+        self.assertGreater(picture.count("<rect "), 90)  # at least one kept run per row
 
 
 def main():
