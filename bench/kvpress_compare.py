@@ -155,51 +155,37 @@ def main():
     plan = [(c, "qaware", "full", 0.0) for c in cases] if not args.presses or "full" in presses else []
     presses = [p for p in presses if p != "full"]
     plan += [(c, s, p, r) for c in cases for s in settings for p in presses for r in ratios]
-    partial = args.out + ".partial.jsonl"
-    done = {}
-    if args.resume and os.path.exists(partial):
-        with open(partial) as f:
-            for line in f:
-                r = json.loads(line)
-                done[(r["case_id"], r["setting"], r["policy"], r["ratio"])] = r
-    elif os.path.exists(partial):
-        os.unlink(partial)
-    records, started = [], time.monotonic()
+    partial, done = ev.open_partial(args.out, args.resume)
     cache_dtype = "float32" if args.cache == "dynamic" else args.cache  # the records' dtype and label suffix
-    with open(partial, "a") as log:
-        for k, (case, setting, name, ratio) in enumerate(plan):
-            label = ev.label("kvpress/" + name, cache_dtype)
-            key = (case["id"], setting, label, ratio)
-            if key in done:
-                records.append(done[key])
-                continue
-            t0 = time.monotonic()
-            press = None if name == "full" else make_press(name, ratio)
-            text, kept = answer(case, setting, press)
-            compressed = case["n_tokens"] if setting == "qaware" else case["context_tokens"]
-            r = {
-                "case_id": case["id"], "task": case["task"], "length": case["length"], "n_tokens": case["n_tokens"],
-                "context_tokens": case["context_tokens"], "question_tokens": case["question_tokens"],
-                "setting": setting, "policy": label, "ratio": ratio, "engine": "kvpress",
-                "cache_dtype": cache_dtype,
-                "budget": None if name == "full" else int(compressed * (1 - ratio)),
-                "compressed_tokens": compressed,
-                "retained_entries": kept + (model.config.num_hidden_layers * model.config.num_key_value_heads
-                                            * case["question_tokens"] if setting == "qagnostic" else 0),
-                "kept_fraction": kept / (model.config.num_hidden_layers * model.config.num_key_value_heads
-                                         * compressed),
-                "prediction": text, "answers": case["answers"],
-                "score": ev.score(text, case["answers"], case["scoring"]), "seconds": round(time.monotonic() - t0, 3),
-            }
-            records.append(r)
-            log.write(json.dumps(r, sort_keys=True) + "\n")
-            log.flush()
-            print("[%d/%d %.0fs] %s %s %s r=%g entries=%d -> %.2f (%.1fs) %r" % (
-                k + 1, len(plan), time.monotonic() - started, case["id"], setting, name, ratio, kept, r["score"],
-                r["seconds"], text[:60]), file=sys.stderr, flush=True)
-    seconds = {}
-    for r in records:
-        seconds.setdefault(str(r["length"]), []).append(r["seconds"])
+    layers_groups = model.config.num_hidden_layers * model.config.num_key_value_heads
+
+    def run(item):
+        case, setting, name, ratio = item
+        t0 = time.monotonic()
+        press = None if name == "full" else make_press(name, ratio)
+        text, kept = answer(case, setting, press)
+        compressed = case["n_tokens"] if setting == "qaware" else case["context_tokens"]
+        return {
+            "case_id": case["id"], "task": case["task"], "length": case["length"], "n_tokens": case["n_tokens"],
+            "context_tokens": case["context_tokens"], "question_tokens": case["question_tokens"],
+            "setting": setting, "policy": ev.label("kvpress/" + name, cache_dtype), "ratio": ratio,
+            "engine": "kvpress", "cache_dtype": cache_dtype,
+            "budget": None if name == "full" else int(compressed * (1 - ratio)),
+            "compressed_tokens": compressed,
+            "retained_entries": kept + (layers_groups * case["question_tokens"] if setting == "qagnostic" else 0),
+            "kept_fraction": kept / (layers_groups * compressed), "entries_kept_at_compression": kept,
+            "max_tokens": case["max_tokens"], "prediction": text, "answers": case["answers"],
+            "score": ev.score(text, case["answers"], case["scoring"]), "seconds": round(time.monotonic() - t0, 3),
+        }
+
+    started = time.monotonic()
+    records = ev.run_plan(
+        plan, partial, done,
+        key=lambda item: (item[0]["id"], item[1], ev.label("kvpress/" + item[2], cache_dtype), item[3]),
+        run=run,
+        progress=lambda item, r: "%s %s %s r=%g entries=%d -> %.2f (%.1fs) %r" % (
+            item[0]["id"], item[1], item[2], item[3], r["entries_kept_at_compression"], r["score"], r["seconds"],
+            r["prediction"][:60]))
     meta = {
         "engine": "kvpress", "kvpress": getattr(kvpress, "__version__", None) or _version("kvpress"),
         "transformers": transformers.__version__, "torch": torch.__version__, "threads": args.threads,
@@ -209,7 +195,7 @@ def main():
                                  text=True).stdout.strip(),
         "argv": sys.argv[1:], "cases": len(cases), "runs": len(records),
         "wall_seconds": round(time.monotonic() - started, 1),
-        "mean_run_seconds_by_length": {k: round(sum(v) / len(v), 3) for k, v in seconds.items()},
+        "mean_run_seconds_by_length": ev.seconds_by_length(records),
         "presses": presses, "ratios": ratios, "settings": settings, "cache": args.cache,
     }
     with open(args.out, "w") as f:

@@ -267,6 +267,48 @@ def load_records(paths):
     return list(unique.values()), sources
 
 
+def open_partial(out, resume):
+    """OUT.partial.jsonl and the records already there by (case, setting, label, ratio):
+    kept with `resume`, else the file is removed (a fresh run)."""
+    partial = out + ".partial.jsonl"
+    done = {}
+    if resume and os.path.exists(partial):
+        with open(partial) as f:
+            for line in f:
+                r = json.loads(line)
+                done[(r["case_id"], r["setting"], r["policy"], r["ratio"])] = r
+    elif os.path.exists(partial):
+        os.unlink(partial)
+    return partial, done
+
+
+def run_plan(plan, partial, done, key, run, progress):
+    """Runs every item of `plan` whose key(item) is not in `done`, appending each record
+    to `partial` as it finishes; progress(k, item, record, elapsed) prints a line.
+    Returns the records in plan order (the resumed ones included)."""
+    records, started = [], time.monotonic()
+    with open(partial, "a") as log:
+        for k, item in enumerate(plan):
+            if key(item) in done:
+                records.append(done[key(item)])
+                continue
+            r = run(item)
+            records.append(r)
+            log.write(json.dumps(r, sort_keys=True) + "\n")
+            log.flush()
+            print("[%d/%d %.0fs] %s" % (k + 1, len(plan), time.monotonic() - started, progress(item, r)),
+                  file=sys.stderr, flush=True)
+    return records
+
+
+def seconds_by_length(records):
+    """{length: mean seconds per run} for the JSON's meta."""
+    seconds = {}
+    for r in records:
+        seconds.setdefault(str(r["length"]), []).append(r["seconds"])
+    return {k: round(sum(v) / len(v), 3) for k, v in seconds.items()}
+
+
 def markdown(records, engine=None):
     """One table per task: rows (engine, setting, policy), columns the ratios."""
     ratios = sorted({r["ratio"] for r in records if not is_full(r["policy"])}) or [0.0]
@@ -422,15 +464,7 @@ def main():
                     if policy != "full":
                         for ratio in ratios:
                             plan.append((c, setting, policy, ratio, dtype))
-    partial = args.out + ".partial.jsonl"
-    done = {}
-    if args.resume and os.path.exists(partial):
-        with open(partial) as f:
-            for line in f:
-                r = json.loads(line)
-                done[(r["case_id"], r["setting"], r["policy"], r["ratio"])] = r
-    elif os.path.exists(partial):
-        os.unlink(partial)
+    partial, done = open_partial(args.out, args.resume)
     # SIGTERM ends the run like Ctrl-C: the finally below stops the server it started.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     sys.path.insert(0, args.client)
@@ -442,25 +476,17 @@ def main():
         address = server.address
     else:
         address = args.server
-    records = []
     started = time.monotonic()
     try:
         client = echokv.Client(address)
         info = client.info()
-        with open(partial, "a") as log:
-            for k, (case, setting, policy, ratio, dtype) in enumerate(plan):
-                key = (case["id"], setting, label(policy, dtype, args.weights), ratio)
-                if key in done:
-                    records.append(done[key])
-                    continue
-                r = run_one(client, case, setting, policy, ratio, dtype, args.weights, args.max_tokens)
-                records.append(r)
-                log.write(json.dumps(r, sort_keys=True) + "\n")
-                log.flush()
-                elapsed = time.monotonic() - started
-                print("[%d/%d %.0fs] %s %s %s r=%g B=%s -> %.2f (%.1fs) %r" % (
-                    k + 1, len(plan), elapsed, case["id"], setting, r["policy"], ratio, r["budget"], r["score"],
-                    r["seconds"], r["prediction"][:60]), file=sys.stderr, flush=True)
+        records = run_plan(
+            plan, partial, done,
+            key=lambda item: (item[0]["id"], item[1], label(item[2], item[4], args.weights), item[3]),
+            run=lambda item: run_one(client, *item, args.weights, args.max_tokens),
+            progress=lambda item, r: "%s %s %s r=%g B=%s -> %.2f (%.1fs) %r" % (
+                item[0]["id"], item[1], r["policy"], item[3], r["budget"], r["score"], r["seconds"],
+                r["prediction"][:60]))
         client.close()
     except BaseException:
         if server is not None:
@@ -469,9 +495,6 @@ def main():
     finally:
         if server is not None:
             server.stop()
-    seconds = {}
-    for r in records:
-        seconds.setdefault(str(r["length"]), []).append(r["seconds"])
     meta = {
         "engine": "echokv-server", "door": "grpc", "suite": os.path.basename(args.suite),
         "model": info.model.name if hasattr(info, "model") and hasattr(info.model, "name") else GGUF_NAME,
@@ -480,7 +503,7 @@ def main():
                                  text=True).stdout.strip(),
         "argv": sys.argv[1:], "cases": len(cases), "runs": len(records),
         "wall_seconds": round(time.monotonic() - started, 1),
-        "mean_run_seconds_by_length": {k: round(sum(v) / len(v), 3) for k, v in seconds.items()},
+        "mean_run_seconds_by_length": seconds_by_length(records),
         "policies": policies, "ratios": ratios, "settings": settings, "weights": args.weights,
         "max_tokens": args.max_tokens,
     }
