@@ -35,6 +35,29 @@ absl::StatusOr<SessionStore::Reservation> Engine::Impl::Admit(const AdmitRequest
   return r;
 }
 
+absl::StatusOr<std::unique_ptr<ActiveJob>> Engine::Impl::StartJob(TurnSpec spec, CancelFlag cancel, Caller caller,
+                                                                   absl::Time admitted) {
+  absl::StatusOr<std::unique_ptr<TurnJob>> turn = TurnJob::Start(model.get(), std::move(spec));
+  if (!turn.ok()) return turn.status();
+  auto j = std::make_unique<ActiveJob>();
+  j->id = next_work_id++;
+  j->turn = std::move(*turn);
+  j->cancel = std::move(cancel);
+  j->caller = std::move(caller);
+  j->admitted = admitted;
+  return j;
+}
+
+std::vector<int> Engine::Impl::StopIds(bool chat_session) const {
+  std::vector<int> stops = eos_ids;
+  if (chat_session && chat.has_value()) {
+    for (int id : model::EndOfTurnIds(*chat, *tokenizer)) {
+      if (std::find(stops.begin(), stops.end(), id) == stops.end()) stops.push_back(id);
+    }
+  }
+  return stops;
+}
+
 void Engine::Impl::AdmitCreate(std::shared_ptr<CreateRequest> req, CancelFlag cancel, ProgressFn progress,
                                DoneFn<SessionInfo> done, std::vector<int> tokens, absl::Time admitted) {
   const MemoryMode memory = req->memory.value_or(config.default_memory);
@@ -54,16 +77,12 @@ void Engine::Impl::AdmitCreate(std::shared_ptr<CreateRequest> req, CancelFlag ca
   spec.memory = memory;
   spec.prefill_chunk = config.prefill_chunk;
   spec.progress = ProgressAdapter(progress, admitted);
-  absl::StatusOr<std::unique_ptr<TurnJob>> turn = TurnJob::Start(model.get(), std::move(spec));
-  if (!turn.ok()) {
+  absl::StatusOr<std::unique_ptr<ActiveJob>> job = StartJob(std::move(spec), std::move(cancel), req->caller, admitted);
+  if (!job.ok()) {
     store->Unreserve(*r);
-    return done(turn.status());
+    return done(job.status());
   }
-  auto j = std::make_unique<ActiveJob>();
-  j->id = next_work_id++;
-  j->turn = std::move(*turn);
-  j->cancel = std::move(cancel);
-  j->caller = req->caller;
+  std::unique_ptr<ActiveJob> j = std::move(*job);
   j->reservation = *r;
   j->ttl = req->ttl;
   if (req->input.kind == InputSpec::Kind::kChat) {
@@ -71,7 +90,6 @@ void Engine::Impl::AdmitCreate(std::shared_ptr<CreateRequest> req, CancelFlag ca
     j->tools_json = req->input.tools_json;
   }
   j->session_done = std::move(done);
-  j->admitted = admitted;
   jobs.push_back(std::move(j));
 }
 
@@ -123,17 +141,12 @@ void Engine::Impl::AdmitAppend(std::shared_ptr<AppendRequest> req, CancelFlag ca
   spec.base = *data;
   spec.prefill_chunk = config.prefill_chunk;
   spec.progress = ProgressAdapter(progress, admitted);
-  absl::StatusOr<std::unique_ptr<TurnJob>> turn = TurnJob::Start(model.get(), std::move(spec));
-  if (!turn.ok()) return refuse(turn.status());
-  auto j = std::make_unique<ActiveJob>();
-  j->id = next_work_id++;
-  j->turn = std::move(*turn);
-  j->cancel = std::move(cancel);
-  j->caller = req->caller;
+  absl::StatusOr<std::unique_ptr<ActiveJob>> job = StartJob(std::move(spec), std::move(cancel), req->caller, admitted);
+  if (!job.ok()) return refuse(job.status());
+  std::unique_ptr<ActiveJob> j = std::move(*job);
   j->session_id = req->session_id;
   j->session_done = std::move(done);
   j->then_generate = std::move(then);
-  j->admitted = admitted;
   if (req->input.kind == InputSpec::Kind::kChat) {
     j->new_messages = req->input.chat;
     if (!req->input.tools_json.empty()) j->tools_json = req->input.tools_json;
@@ -150,12 +163,7 @@ void Engine::Impl::StartPromptedStream(ActiveJob& j) {
   prompt->new_messages = j.new_messages;
   prompt->tools_json = j.tools_json;
   prompt->turn = std::move(j.turn);  // uncommitted: rolled back if the stream goes away
-  std::vector<int> stops = eos_ids;
-  if (!prompt->meta.messages.empty() && chat.has_value()) {
-    for (int id : model::EndOfTurnIds(*chat, *tokenizer)) {
-      if (std::find(stops.begin(), stops.end(), id) == stops.end()) stops.push_back(id);
-    }
-  }
+  std::vector<int> stops = StopIds(!prompt->meta.messages.empty());
   const SessionData& d = *prompt->data;
   try {
     s->Begin(d.hot.Clone(), d.last_logits, d.tokens, std::move(stops), tokenizer.get());
@@ -193,12 +201,7 @@ void Engine::Impl::AdmitGenerate(std::unique_ptr<Stream> s) {
     return s->Finish(data.status());
   }
   // A chat session's turn also ends at the template's end-of-turn token.
-  std::vector<int> stops = eos_ids;
-  if (!meta->messages.empty() && chat.has_value()) {
-    for (int id : model::EndOfTurnIds(*chat, *tokenizer)) {
-      if (std::find(stops.begin(), stops.end(), id) == stops.end()) stops.push_back(id);
-    }
-  }
+  std::vector<int> stops = StopIds(!meta->messages.empty());
   try {
     s->Begin((*data)->hot.Clone(), (*data)->last_logits, (*data)->tokens, std::move(stops), tokenizer.get());
   } catch (const std::exception& e) {
@@ -223,19 +226,15 @@ void Engine::Impl::AdmitCompress(Caller caller, compression::CompressionConfig c
   spec.tokens = std::move(tokens);
   spec.config = config_in;
   spec.prefill_chunk = config.prefill_chunk;
-  absl::StatusOr<std::unique_ptr<TurnJob>> turn = TurnJob::Start(model.get(), std::move(spec));
-  if (!turn.ok()) {
+  absl::StatusOr<std::unique_ptr<ActiveJob>> job = StartJob(std::move(spec), std::move(cancel), std::move(caller),
+                                                            admitted);
+  if (!job.ok()) {
     store->Unreserve(*r);
-    return done(turn.status());
+    return done(job.status());
   }
-  auto j = std::make_unique<ActiveJob>();
-  j->id = next_work_id++;
-  j->turn = std::move(*turn);
-  j->cancel = std::move(cancel);
-  j->caller = std::move(caller);
+  std::unique_ptr<ActiveJob> j = std::move(*job);
   j->reservation = *r;
   j->compress_done = std::move(done);
-  j->admitted = admitted;
   jobs.push_back(std::move(j));
 }
 

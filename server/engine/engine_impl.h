@@ -272,6 +272,15 @@ class Engine::Impl {
     return (c.policy == compression::PolicyKind::kFull ? n : std::min<int64_t>(n, c.budget)) * per_token;
   }
 
+  // A job's start, shared by create / append / compress: the turn started from `spec`
+  // (the caller undoes its claim or reservation on an error), then a job holding it with
+  // a fresh id and the caller's cancel flag, caller and admission time.
+  absl::StatusOr<std::unique_ptr<ActiveJob>> StartJob(TurnSpec spec, CancelFlag cancel, Caller caller,
+                                                      absl::Time admitted);
+  // The ids a generation of a session stops at: the model's end-of-sequence ids, and for
+  // a chat session (`chat_session`: it holds messages) the template's end-of-turn ids.
+  std::vector<int> StopIds(bool chat_session) const;
+
   // Admissions (engine thread).
   void AdmitCreate(std::shared_ptr<CreateRequest> req, CancelFlag cancel, ProgressFn progress,
                    DoneFn<SessionInfo> done, std::vector<int> tokens, absl::Time admitted);
