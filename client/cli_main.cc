@@ -184,6 +184,8 @@ void AddCompressionFlags(ArgParser& parser, CompressionFlags* flags) {
   parser.AddString("bootstrap", &flags->bootstrap, "proposals|snapkv (echokv ablation)");
   parser.AddBool("repair", &flags->repair, "echokv repair round (--no-repair to ablate)");
   parser.AddString("cache-dtype", &flags->cache_dtype, "float32|int8: storage of the retained tier (default: server's)");
+  parser.AddDouble("target-mass", &flags->target_mass,
+                   "(0, 1]: keep per layer the fewest entries holding this attention mass, at most --budget (echokv, snapkv)");
 }
 
 // Drains a SessionProgress stream: progress on stderr, returns the final Session.

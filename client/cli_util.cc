@@ -171,6 +171,7 @@ absl::StatusOr<CompressionConfig> BuildCompression(const CompressionFlags& flags
   if (flags.bootstrap.has_value()) config.set_bootstrap(*flags.bootstrap);
   if (flags.repair.has_value()) config.set_repair(*flags.repair);
   if (flags.cache_dtype.has_value()) config.set_cache_dtype(*flags.cache_dtype);
+  if (flags.target_mass.has_value()) config.set_target_mass(*flags.target_mass);
   return config;
 }
 
@@ -198,6 +199,7 @@ std::string FormatCompression(const CompressionConfig& c) {
   if (c.has_snapkv_window()) parts.push_back(absl::StrCat("snapkv_window=", c.snapkv_window()));
   if (c.has_snapkv_kernel()) parts.push_back(absl::StrCat("snapkv_kernel=", c.snapkv_kernel()));
   if (c.has_cache_dtype()) parts.push_back(absl::StrCat("cache_dtype=", c.cache_dtype()));
+  if (c.has_target_mass()) parts.push_back(absl::StrCat("target_mass=", c.target_mass()));
   return parts.empty() ? std::string("(server defaults)") : absl::StrJoin(parts, " ");
 }
 

@@ -70,6 +70,7 @@ struct CompressionFlags {
   std::optional<std::string> bootstrap;
   std::optional<bool> repair;
   std::optional<std::string> cache_dtype;  // float32 | int8
+  std::optional<double> target_mass;       // (0, 1] (echokv, snapkv)
 };
 
 // Errors: INVALID_ARGUMENT naming the flag when a value does not fit int32 (the

@@ -114,7 +114,7 @@ absl::Status RunSnapKv(const CompressionConfig& config, const CompressionInput& 
   ECHOKV_ASSIGN_OR_RETURN(
       result->indices,
       SnapKvSelectLayers(config, input, std::vector<int64_t>(ctx.num_layers(), config.budget), &scored,
-                         input.record_scores ? &result->final_scores : nullptr, &probes));
+                         input.record_scores ? &result->final_scores : nullptr, &probes, config.target_mass));
   RecordLayersMass(probes, result);
   result->report.scoring_passes = scored ? 1 : 0;
   clock.End("select");

@@ -114,6 +114,18 @@ absl::Status CompressionConfig::Validate() const {
     return MakeError(ErrorKind::kInvalidArgument, "snapkv_kernel",
         absl::StrCat("snapkv_kernel must be odd, got ", snapkv_kernel));
   }
+  if (target_mass.has_value()) {
+    // !(x > 0) also rejects NaN.
+    if (!(*target_mass > 0.0) || *target_mass > 1.0) {
+      return MakeError(ErrorKind::kInvalidArgument, "target_mass",
+                       absl::StrCat("target_mass must be in (0, 1], got ", *target_mass));
+    }
+    if (policy != PolicyKind::kEchoKv && policy != PolicyKind::kSnapKv) {
+      return MakeError(ErrorKind::kInvalidArgument, "target_mass",
+                       absl::StrCat("target_mass is a budget of echokv and snapkv only; policy is ",
+                                    PolicyName(policy)));
+    }
+  }
   return absl::OkStatus();
 }
 

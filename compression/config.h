@@ -45,6 +45,11 @@ struct CompressionConfig {
   // per-token rows with a float32 scale). Selection always scores full precision; only
   // what is kept is quantized. bfloat16 is a kernels format, not offered as a storage.
   kernels::KvDtype cache_dtype = kernels::KvDtype::kFloat32;
+  // Quality-targeted budget (echokv, snapkv; docs/ALGORITHM.md §9): when set, each
+  // layer keeps the fewest entries (at least 1 beyond the window) whose share of the
+  // scoring queries' attention mass reaches target_mass in every KV group, at most
+  // `budget`, which becomes the ceiling. (0, 1].
+  std::optional<double> target_mass;
 
   // Checks the bounds of docs/ALGORITHM.md §5; the message names the field
   // ("lookahead must be even ...", "workspace ...").

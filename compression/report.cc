@@ -58,6 +58,7 @@ std::string ReportToJson(const CompressionReport& report) {
   j["snapkv_window"] = c.snapkv_window;
   j["snapkv_kernel"] = c.snapkv_kernel;
   j["cache_dtype"] = kernels::KvDtypeName(c.cache_dtype);
+  if (c.target_mass.has_value()) j["target_mass"] = *c.target_mass;  // only when set (§9)
   j["context_tokens"] = report.context_tokens;
   j["num_layers"] = report.num_layers;
   j["num_kv_heads"] = report.num_kv_heads;
@@ -110,6 +111,7 @@ absl::StatusOr<CompressionReport> ReportFromJson(absl::string_view json) {
         return absl::InvalidArgumentError("report: unknown cache_dtype");
       }
     }
+    if (j.contains("target_mass")) c.target_mass = j.at("target_mass").get<double>();
     r.context_tokens = j.at("context_tokens").get<int64_t>();
     r.num_layers = j.at("num_layers").get<int>();
     r.num_kv_heads = j.at("num_kv_heads").get<int>();

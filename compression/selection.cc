@@ -27,6 +27,34 @@ at::Tensor TopKPrefixPlusTail(const at::Tensor& group_scores, int64_t prefix, in
   return at::cat({top, tail}, 1);
 }
 
+int64_t MassTargetCount(const at::Tensor& rank_scores, const at::Tensor& mass_scores, int64_t prefix,
+                        int64_t k_max, double target) {
+  k_max = std::min(k_max, prefix);
+  if (k_max <= 1) return std::max<int64_t>(k_max, 0);
+  const int64_t groups = mass_scores.size(0);
+  // Float64 on the CPU: the shares are small and n can be 8K+.
+  const at::Tensor mass = mass_scores.detach().to(at::kCPU, at::kDouble).contiguous();
+  const at::Tensor rank = rank_scores.detach().narrow(1, 0, prefix).to(at::kCPU, at::kFloat).contiguous();
+  // Descending and stable: equal scores keep the lower index first, as TopKIndices does.
+  const at::Tensor order = std::get<1>(rank.sort(/*stable=*/true, /*dim=*/1, /*descending=*/true));
+  const at::Tensor held = mass.narrow(1, 0, prefix).gather(1, order).cumsum(1).contiguous();  // [G, prefix]
+  const at::Tensor total = mass.sum(1);                                                      // [G]
+  const at::Tensor tail = mass.narrow(1, prefix, mass.size(1) - prefix).sum(1);               // [G]
+  int64_t k = 1;
+  for (int64_t g = 0; g < groups; ++g) {
+    const double t = total[g].item<double>();
+    if (!(t > 0)) continue;
+    const double need = target * t - tail[g].item<double>();
+    const double* c = held.data_ptr<double>() + g * prefix;
+    // The first k whose top-k reaches `need` (cumulative sums rise: binary search);
+    // rounding can leave target = 1 a hair short of the total, so k_max is the cap.
+    const int64_t first = std::lower_bound(c, c + k_max, need) - c + 1;
+    k = std::max(k, std::min(first, k_max));
+    if (k == k_max) break;
+  }
+  return k;
+}
+
 at::Tensor PooledPrefixGroupScores(const at::Tensor& head_scores, int64_t prefix,
                                    int64_t kernel, int64_t groups) {
   // docs/ALGORITHM.md §8.2: restrict to the candidate prefix, pool per head, then sum the
@@ -66,14 +94,15 @@ at::Tensor FutureHeadScores(const model::KvCache& context, int layer, const at::
 absl::StatusOr<at::Tensor> SnapKvSelect(const model::KvCache& context, int layer,
                                         const WindowQueries& window_queries, int64_t window,
                                         int64_t kernel, int64_t capacity, bool* scored,
-                                        at::Tensor* scores_out, at::Tensor* probe_out) {
+                                        at::Tensor* scores_out, at::Tensor* probe_out,
+                                        std::optional<double> target_mass) {
   const int64_t groups = context.num_kv_heads();
   const int64_t n = context.size(layer);
   if (n <= capacity) return KeepAll(groups, n);  // §8.3: L <= capacity keeps all
   // A capacity below the window keeps the last `capacity` entries (the window shrinks).
   const int64_t w = std::min(window, capacity);
   const int64_t prefix = n - w;
-  const int64_t k = capacity - w;
+  int64_t k = capacity - w;
   if (k == 0) return Range(groups, prefix, n);  // §8.3: B = window keeps only the window
   if (window_queries.size() == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -81,8 +110,11 @@ absl::StatusOr<at::Tensor> SnapKvSelect(const model::KvCache& context, int layer
         "last snapkv_window queries of the prefill (PrefillNeeds::last_queries)"));
   }
   at::Tensor head_scores = CausalHeadScores(context, layer, window_queries);  // [H, n]
-  if (probe_out != nullptr) *probe_out = kernels::SumHeadsPerGroup(head_scores, groups);
+  at::Tensor probe;
+  if (probe_out != nullptr || target_mass.has_value()) probe = kernels::SumHeadsPerGroup(head_scores, groups);
+  if (probe_out != nullptr) *probe_out = probe;
   at::Tensor group_scores = PooledPrefixGroupScores(head_scores, prefix, kernel, groups);
+  if (target_mass.has_value()) k = MassTargetCount(group_scores, probe, prefix, k, *target_mass);
   if (scored != nullptr) *scored = true;
   if (scores_out != nullptr) *scores_out = group_scores.to(at::kCPU, at::kFloat);
   return TopKPrefixPlusTail(group_scores, prefix, k, n);
@@ -93,7 +125,8 @@ absl::StatusOr<std::vector<at::Tensor>> SnapKvSelectLayers(const CompressionConf
                                                            const std::vector<int64_t>& capacities,
                                                            bool* scored,
                                                            std::vector<at::Tensor>* scores_out,
-                                                           std::vector<at::Tensor>* probe_out) {
+                                                           std::vector<at::Tensor>* probe_out,
+                                                           std::optional<double> target_mass) {
   std::vector<at::Tensor> kept;
   if (scores_out != nullptr) scores_out->assign(input.context->num_layers(), at::Tensor());
   if (probe_out != nullptr) probe_out->assign(input.context->num_layers(), at::Tensor());
@@ -102,7 +135,7 @@ absl::StatusOr<std::vector<at::Tensor>> SnapKvSelectLayers(const CompressionConf
         at::Tensor idx, SnapKvSelect(*input.context, l, LastQueries(input, l, config.snapkv_window),
                                      config.snapkv_window, config.snapkv_kernel, capacities[l], scored,
                                      scores_out != nullptr ? &(*scores_out)[l] : nullptr,
-                                     probe_out != nullptr ? &(*probe_out)[l] : nullptr));
+                                     probe_out != nullptr ? &(*probe_out)[l] : nullptr, target_mass));
     kept.push_back(std::move(idx));
   }
   return kept;

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,15 @@ at::Tensor Range(int64_t groups, int64_t begin, int64_t n);
 // n - prefix] int64 CPU, ascending per group (ties of the top-k go to the lower index).
 at::Tensor TopKPrefixPlusTail(const at::Tensor& group_scores, int64_t prefix, int64_t k,
                               int64_t n);
+
+// The quality-targeted budget of docs/ALGORITHM.md §9: the fewest prefix entries k in
+// [1, k_max] such that, in every group g, the top-k of rank_scores[g] (the order
+// TopKPrefixPlusTail keeps; ties to the lower index) plus the tail prefix..n-1 hold at
+// least `target` of mass_scores[g]'s total. rank_scores: [G, >= prefix]; mass_scores:
+// [G, n] (unpooled, every entry; any device). k_max when no smaller k reaches it; a group
+// whose mass sums to 0 asks for nothing.
+int64_t MassTargetCount(const at::Tensor& rank_scores, const at::Tensor& mass_scores, int64_t prefix,
+                        int64_t k_max, double target);
 
 // Pooling of docs/ALGORITHM.md §8.2: head_scores [H, n] float -> first `prefix` columns ->
 // max-pool(kernel) per head -> sum of the r heads of each group: [G, prefix] float32.
@@ -67,10 +77,13 @@ at::Tensor FutureHeadScores(const model::KvCache& context, int layer, const at::
 // `scores_out` (may be null) receives the pooled group scores [G, prefix] it ranked.
 // `probe_out` (may be null) receives the unpooled group scores [G, n] of the window
 // queries over every entry (RecordRetainedMass), left alone when nothing was scored.
+// `target_mass` (set: RunSnapKv with CompressionConfig::target_mass) keeps the fewest
+// prefix entries that reach it (MassTargetCount), capacity - w at most.
 absl::StatusOr<at::Tensor> SnapKvSelect(const model::KvCache& context, int layer,
                                         const WindowQueries& window_queries, int64_t window,
                                         int64_t kernel, int64_t capacity, bool* scored,
-                                        at::Tensor* scores_out = nullptr, at::Tensor* probe_out = nullptr);
+                                        at::Tensor* scores_out = nullptr, at::Tensor* probe_out = nullptr,
+                                        std::optional<double> target_mass = std::nullopt);
 
 // SnapKvSelect for every layer of input.context, layer l with capacity capacities[l],
 // scored by the last config.snapkv_window context queries. Sets *scored when Eq. 3 ran.
@@ -80,7 +93,8 @@ absl::StatusOr<std::vector<at::Tensor>> SnapKvSelectLayers(const CompressionConf
                                                            const std::vector<int64_t>& capacities,
                                                            bool* scored,
                                                            std::vector<at::Tensor>* scores_out = nullptr,
-                                                           std::vector<at::Tensor>* probe_out = nullptr);
+                                                           std::vector<at::Tensor>* probe_out = nullptr,
+                                                           std::optional<double> target_mass = std::nullopt);
 
 // The fidelity signal (CompressionReport::retained_mass): for layer `layer`, each
 // group's share sum_{i in kept_g} s[g, i] / sum_i s[g, i] of the probe scores

@@ -471,7 +471,10 @@ class CompressionTask::Impl {
         at::Tensor q = at::cat({Stack(q1_[l]), Stack(q2_[l])}, 1);  // [H, T, d]
         at::Tensor group = kernels::SumHeadsPerGroup(internal::FutureHeadScores(ctx, l, q), groups_);
         if (input_.record_scores) result_.final_scores[l] = group.narrow(1, 0, n - w).to(at::kCPU, at::kFloat);
-        kept = internal::TopKPrefixPlusTail(group, n - w, budget - w, n);
+        int64_t k = budget - w;
+        // §9: the fewest entries whose share of [Q1;Q2]'s mass reaches target_mass.
+        if (config_.target_mass.has_value()) k = internal::MassTargetCount(group, group, n - w, k, *config_.target_mass);
+        kept = internal::TopKPrefixPlusTail(group, n - w, k, n);
         internal::RecordRetainedMass(group, kept, l, layers_, &result_.report);
       }
       o12 += internal::OverlapSum(w1_[l], w2_[l], &c12);

@@ -31,8 +31,8 @@ run is extrapolated (docs/RESULTS.md).
 Output JSON: {"schema": "echokv.longctx.v1", "meta": {...}, "records": [...],
 "summary": [...]}; each record: case_id, task, length, n_tokens, setting, policy, ratio,
 budget, compressed_tokens (L of the last compression), retained_entries, cache_dtype,
-weights, retained_mass_mean / retained_mass_min (the fidelity signal of the last
-compression), prediction, answers, score, seconds. Records are appended to OUT.partial.jsonl as they finish;
+weights, target_mass (None: a fixed budget), retained_mass_mean / retained_mass_min (the
+fidelity signal of the last compression), retained_per_layer, prediction, answers, score, seconds. Records are appended to OUT.partial.jsonl as they finish;
 --resume skips the ones already there.
 """
 
@@ -147,10 +147,11 @@ class Server:
         return code
 
 
-def open_session(client, case, setting, policy, ratio, cache_dtype="float32"):
+def open_session(client, case, setting, policy, ratio, cache_dtype="float32", target_mass=None):
     """The case's session as `setting` builds it (module docstring), compressed by
     `policy` at `ratio`: (session, budget, seconds the session took to build); the
-    caller deletes it."""
+    caller deletes it. `target_mass` (echokv, snapkv): the quality-targeted budget,
+    the ratio's budget its ceiling (docs/ALGORITHM.md §9)."""
     segs = case["segment_ids"]
     if policy == "full":
         comp, budget = {"policy": "full", "memory": "evict", "cache_dtype": cache_dtype}, None
@@ -160,6 +161,8 @@ def open_session(client, case, setting, policy, ratio, cache_dtype="float32"):
         comp = {"policy": policy, "budget": budget, "memory": memory, "cache_dtype": cache_dtype}
         if policy == "echokv":
             comp["workspace"] = max(1024, budget)
+        if target_mass is not None:
+            comp["target_mass"] = target_mass
     t0 = time.monotonic()
     if setting == "qaware" or policy == "full":
         session = client.create(ids=[i for seg in segs for i in seg], **comp)
@@ -173,7 +176,8 @@ def open_session(client, case, setting, policy, ratio, cache_dtype="float32"):
     return session, budget, time.monotonic() - t0
 
 
-def run_one(client, case, setting, policy, ratio, cache_dtype="float32", weights="float32", max_tokens=None):
+def run_one(client, case, setting, policy, ratio, cache_dtype="float32", weights="float32", max_tokens=None,
+            target_mass=None):
     """One session of the case: its answer and figures. `cache_dtype` int8 (issue 31)
     stores the retained tier in int8; the record's policy is then "<policy>@int8". The
     reference (policy full, float32) is in every run; "full@int8" is the whole cache in
@@ -182,9 +186,11 @@ def run_one(client, case, setting, policy, ratio, cache_dtype="float32", weights
     the label. The record carries the last compression's fidelity signal (the share of
     its probes' attention mass the kept entries hold, mean and min over layers x groups;
     None for the full cache). `max_tokens` replaces the case's answer cap (the suite's
-    per task) when given."""
+    per task) when given. `target_mass`: the quality-targeted budget at the ratio's
+    budget as its ceiling ("<policy>@mass<t>"; the record's kept_fraction is what it
+    kept)."""
     t0 = time.monotonic()
-    session, budget, _ = open_session(client, case, setting, policy, ratio, cache_dtype)
+    session, budget, _ = open_session(client, case, setting, policy, ratio, cache_dtype, target_mass)
     try:
         if session.tokens_seen != case["n_tokens"]:
             raise SystemExit("%s: the session holds %d tokens, the suite measured %d"
@@ -200,12 +206,14 @@ def run_one(client, case, setting, policy, ratio, cache_dtype="float32", weights
         "case_id": case["id"], "task": case["task"], "length": case["length"], "n_tokens": case["n_tokens"],
         "context_tokens": case["context_tokens"], "question_tokens": case["question_tokens"],
         "setting": setting, "ratio": 0.0 if policy == "full" else ratio, "budget": budget,
-        "policy": label(policy, cache_dtype, weights), "cache_dtype": cache_dtype, "weights": weights,
+        "policy": label(policy, cache_dtype, weights, target_mass), "cache_dtype": cache_dtype, "weights": weights,
+        "target_mass": target_mass,
         "retained_mass_mean": round(mass_mean, 6) if mass_mean >= 0 else None,
         "retained_mass_min": round(mass_min, 6) if mass_min >= 0 else None,
         "retained_kv_bytes": session.retained_kv_bytes,
         "compressed_tokens": report.context_tokens if report is not None else None,
         "retained_entries": session.retained_entries,
+        "retained_per_layer": list(report.retained_per_layer) if report is not None else None,
         "kept_fraction": session.retained_kv_bytes / session.full_kv_bytes if session.full_kv_bytes else None,
         "max_tokens": max_tokens or case["max_tokens"], "prediction": result.text, "answers": case["answers"],
         "score": score(result.text, case["answers"], case["scoring"]), "seconds": round(seconds, 3),
@@ -221,10 +229,57 @@ def cache_dtypes(text):
     return out
 
 
-def label(policy, cache_dtype, weights="float32"):
-    """A record's policy name: the policy, then "@native" for the server's native weights
-    and "@<dtype>" for a cache dtype other than float32 (echokv@native@int8)."""
-    return "@".join([policy] + [x for x in (weights, cache_dtype) if x != "float32"])
+def label(policy, cache_dtype, weights="float32", target_mass=None):
+    """A record's policy name: the policy, then "@native" for the server's native weights,
+    "@<dtype>" for a cache dtype other than float32 and "@mass<t>" for a quality-targeted
+    budget (echokv@native@int8, echokv@mass0.95)."""
+    parts = [policy] + [x for x in (weights, cache_dtype) if x != "float32"]
+    if target_mass is not None:
+        parts.append("mass%g" % target_mass)
+    return "@".join(parts)
+
+
+def target_masses(text):
+    """--target-mass: a comma list of values in (0, 1]."""
+    out = [float(x) for x in text.split(",")]
+    for m in out:
+        if not 0 < m <= 1:
+            raise argparse.ArgumentTypeError("target mass %g is not in (0, 1]" % m)
+    return out
+
+
+def mass_table(records):
+    """The quality-targeted budgets beside the fixed ones (issue 29 point 4): per
+    (setting, policy label, ratio): n, mean score [95 % CI], mean kept share of the full
+    cache, and for @mass<t> labels how many cases met the target on the session's signal
+    (retained_mass_mean >= t: what GetSession reports) and in every layer and group
+    (retained_mass_min >= t), and the share of layers that kept the ceiling (the ratio's
+    budget, where the target could be capped)."""
+    cells = {}
+    for r in records:
+        if is_full(r["policy"]):
+            continue
+        cells.setdefault((r["setting"], r["policy"], r["ratio"]), []).append(r)
+    lines = ["| setting | policy | ceiling r | n | score [95 % CI] | kept share | memory saved | mean signal "
+             "| target met (mean) | target met (every layer) | layers at ceiling |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (setting, policy, ratio), rs in sorted(cells.items()):
+        mean, lo, hi = bootstrap([r["score"] for r in rs])
+        kept = [r["kept_fraction"] for r in rs if r.get("kept_fraction") is not None]
+        share = sum(kept) / len(kept) if kept else float("nan")
+        t = rs[0].get("target_mass")
+        met_mean = met = ceiling = ""
+        signal = [r["retained_mass_mean"] for r in rs if r.get("retained_mass_mean") is not None]
+        if t is not None:
+            met_mean = "%d / %d" % (sum((r["retained_mass_mean"] or 0) >= t - 1e-9 for r in rs), len(rs))
+            met = "%d / %d" % (sum((r["retained_mass_min"] or 0) >= t - 1e-9 for r in rs), len(rs))
+            # Layers that kept the ceiling (the ratio's budget): the target was capped there.
+            per = [n >= r["budget"] for r in rs for n in r.get("retained_per_layer") or []]
+            ceiling = "%.0f %%" % (100.0 * sum(per) / len(per)) if per else "?"
+        lines.append("| %s | %s | %g | %d | %.2f [%.2f, %.2f] | %.3f | %.1f %% | %s | %s | %s | %s |" % (
+            setting, policy, ratio, len(rs), mean, lo, hi, share, 100 * (1 - share),
+            "%.3f" % (sum(signal) / len(signal)) if signal else "", met_mean, met, ceiling))
+    return "\n".join(lines)
 
 
 def is_full(policy):
@@ -424,13 +479,18 @@ def main():
     parser.add_argument("--cache-dtype", default="float32", type=cache_dtypes,
                         help="comma list of storages of the sessions' retained tier, e.g. float32,int8 "
                              "(records: policy@int8; 'full' in --policies adds full@int8)")
+    parser.add_argument("--target-mass", type=target_masses,
+                        help="comma list of target masses: echokv / snapkv in --policies also run with the "
+                             "quality-targeted budget, each ratio's budget the ceiling (records: policy@mass<t>)")
+    parser.add_argument("--mass-table", action="store_true",
+                        help="with --summarize: the quality-targeted budgets beside the fixed ones")
     parser.add_argument("--summarize", nargs="+", metavar="JSON", help="print markdown tables and exit")
     parser.add_argument("--compact", action="store_true", help="with --summarize: one table per ratio, tasks as columns")
     parser.add_argument("--pairs", help="with --summarize: paired differences, e.g. snapkv=kvpress/snapkv,...")
     args = parser.parse_args()
     if args.summarize:
         records, _ = load_records(args.summarize)
-        print(compact(records) if args.compact else markdown(records))
+        print(mass_table(records) if args.mass_table else compact(records) if args.compact else markdown(records))
         if args.pairs:
             print()
             print(paired(records, [p.split("=") for p in args.pairs.split(",")]))
@@ -455,15 +515,18 @@ def main():
     tokenize_cases(args.tokenize_binary, model, cases)
     plan = []
     for c in cases:
-        plan.append((c, "qaware", "full", 0.0, "float32"))
+        plan.append((c, "qaware", "full", 0.0, "float32", None))
         for dtype in args.cache_dtype:
             if dtype != "float32" and "full" in policies:
-                plan.append((c, "qaware", "full", 0.0, dtype))
+                plan.append((c, "qaware", "full", 0.0, dtype, None))
             for setting in settings:
                 for policy in (preset.get("agent_policies", policies) if setting.startswith("agent") else policies):
                     if policy != "full":
                         for ratio in ratios:
-                            plan.append((c, setting, policy, ratio, dtype))
+                            plan.append((c, setting, policy, ratio, dtype, None))
+                            if policy in ("echokv", "snapkv"):
+                                for m in args.target_mass or []:
+                                    plan.append((c, setting, policy, ratio, dtype, m))
     partial, done = open_partial(args.out, args.resume)
     # SIGTERM ends the run like Ctrl-C: the finally below stops the server it started.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -482,8 +545,8 @@ def main():
         info = client.info()
         records = run_plan(
             plan, partial, done,
-            key=lambda item: (item[0]["id"], item[1], label(item[2], item[4], args.weights), item[3]),
-            run=lambda item: run_one(client, *item, args.weights, args.max_tokens),
+            key=lambda item: (item[0]["id"], item[1], label(item[2], item[4], args.weights, item[5]), item[3]),
+            run=lambda item: run_one(client, *item[:5], args.weights, args.max_tokens, item[5]),
             progress=lambda item, r: "%s %s %s r=%g B=%s -> %.2f (%.1fs) %r" % (
                 item[0]["id"], item[1], r["policy"], item[3], r["budget"], r["score"], r["seconds"],
                 r["prediction"][:60]))
@@ -505,7 +568,7 @@ def main():
         "wall_seconds": round(time.monotonic() - started, 1),
         "mean_run_seconds_by_length": seconds_by_length(records),
         "policies": policies, "ratios": ratios, "settings": settings, "weights": args.weights,
-        "max_tokens": args.max_tokens,
+        "max_tokens": args.max_tokens, "target_mass": args.target_mass,
     }
     out = {"schema": SCHEMA, "meta": meta, "records": records, "summary": summarize(records)}
     with open(args.out, "w") as f:

@@ -1,5 +1,6 @@
 #include "compression/config.h"
 
+#include <cmath>
 #include <string>
 
 #include "compression/report.h"
@@ -69,12 +70,38 @@ TEST(CompressionConfig, EachViolatedBoundNamesItsField) {
       {"kernel even", [](CompressionConfig* c) { c->snapkv_kernel = 6; }, "snapkv_kernel"},
       {"kernel 0", [](CompressionConfig* c) { c->snapkv_kernel = 0; }, "snapkv_kernel"},
       {"kernel negative", [](CompressionConfig* c) { c->snapkv_kernel = -3; }, "snapkv_kernel"},
+      {"target_mass 0", [](CompressionConfig* c) { c->target_mass = 0.0; }, "target_mass must be in (0, 1], got 0"},
+      {"target_mass > 1", [](CompressionConfig* c) { c->target_mass = 1.01; }, "target_mass"},
+      {"target_mass negative", [](CompressionConfig* c) { c->target_mass = -0.5; }, "target_mass"},
+      {"target_mass NaN", [](CompressionConfig* c) { c->target_mass = std::nan(""); }, "target_mass"},
+      {"target_mass with h2o", [](CompressionConfig* c) {
+         c->policy = PolicyKind::kH2o;
+         c->target_mass = 0.9;
+       }, "target_mass is a budget of echokv and snapkv only; policy is h2o"},
+      {"target_mass with pyramidkv", [](CompressionConfig* c) {
+         c->policy = PolicyKind::kPyramidKv;
+         c->target_mass = 0.9;
+       }, "target_mass"},
   };
   for (const BadCase& bc : cases) {
     SCOPED_TRACE(bc.name);
     CompressionConfig c;
     bc.mutate(&c);
     EXPECT_THAT(c.Validate(), StatusIs(StatusCode::kInvalidArgument, bc.field));
+  }
+}
+
+TEST(CompressionConfig, TargetMassBoundsAndPolicies) {
+  CompressionConfig c;  // echokv
+  for (double t : {1e-9, 0.5, 0.95, 1.0}) {
+    c.target_mass = t;
+    EXPECT_THAT(c.Validate(), IsOk()) << t;
+  }
+  c.policy = PolicyKind::kSnapKv;
+  EXPECT_THAT(c.Validate(), IsOk());
+  for (PolicyKind kind : {PolicyKind::kFull, PolicyKind::kStreamingLlm, PolicyKind::kLaq}) {
+    c.policy = kind;
+    EXPECT_THAT(c.Validate(), StatusIs(StatusCode::kInvalidArgument, "target_mass")) << PolicyName(kind);
   }
 }
 

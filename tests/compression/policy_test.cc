@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "compression/config.h"
 #include "compression/report.h"
 #include "compression/selection.h"
@@ -1027,6 +1029,113 @@ TEST(CacheDtype, KeptBytesCountInt8RowsAndTheReportJsonCarriesTheDtype) {
   // Only float32 and int8 are storages.
   cfg.cache_dtype = kernels::KvDtype::kBFloat16;
   EXPECT_THAT(cfg.Validate(), StatusIs(StatusCode::kInvalidArgument, "cache_dtype"));
+}
+
+// ---- the quality-targeted budget (target_mass, docs/ALGORITHM.md §9) ----------------
+
+TEST(TargetMass, MassTargetCountByHand) {
+  // One group: rank order 1, 2, 3, 0 holds mass 4, 2, 1, 1 of the prefix; the tail
+  // (entry 4) holds 2 of the total 10.
+  const at::Tensor rank = at::tensor({0.1f, 0.9f, 0.5f, 0.3f, 0.0f}).reshape({1, 5});
+  const at::Tensor mass = at::tensor({1.0f, 4.0f, 2.0f, 1.0f, 2.0f}).reshape({1, 5});
+  EXPECT_EQ(internal::MassTargetCount(rank, mass, 4, 4, 0.2), 1);  // the tail alone: still 1
+  EXPECT_EQ(internal::MassTargetCount(rank, mass, 4, 4, 0.6), 1);  // 2 + 4
+  EXPECT_EQ(internal::MassTargetCount(rank, mass, 4, 4, 0.61), 2);
+  EXPECT_EQ(internal::MassTargetCount(rank, mass, 4, 4, 0.8), 2);  // 2 + 4 + 2
+  EXPECT_EQ(internal::MassTargetCount(rank, mass, 4, 4, 0.9), 3);  // + 1
+  EXPECT_EQ(internal::MassTargetCount(rank, mass, 4, 4, 1.0), 4);
+  EXPECT_EQ(internal::MassTargetCount(rank, mass, 4, 2, 1.0), 2);  // the ceiling
+  // Two groups: the layer keeps what the neediest group needs; a group without mass
+  // asks for nothing.
+  const at::Tensor rank2 = at::cat({rank, at::tensor({0.4f, 0.3f, 0.2f, 0.1f, 0.0f}).reshape({1, 5})});
+  const at::Tensor mass2 = at::cat({mass, at::tensor({0.0f, 0.0f, 0.0f, 8.0f, 2.0f}).reshape({1, 5})});
+  EXPECT_EQ(internal::MassTargetCount(rank2, mass2, 4, 4, 0.6), 4);  // group 1's mass is last in its order
+  const at::Tensor none = at::cat({mass, at::zeros({1, 5})});
+  EXPECT_EQ(internal::MassTargetCount(rank2, none, 4, 4, 0.6), 1);
+}
+
+TEST(TargetMass, FewestEntriesReachingTheTargetAgainstAFloat64Reference) {
+  // For every layer the policy keeps k_l <= the ceiling; a float64 reference of the
+  // probes' attention says the k_l entries hold the target in every group, and that the
+  // fixed budget k_l - 1 (the same ranking, one entry fewer) misses it in some group.
+  constexpr int kLayers = 2;
+  constexpr int64_t kN = 96;
+  constexpr int kCeiling = 60;
+  const Inputs in = RandomInputs(kLayers, kN, /*seed=*/11);
+  int below_ceiling = 0;
+  for (PolicyKind kind : {PolicyKind::kEchoKv, PolicyKind::kSnapKv}) {
+    const int64_t tail = kind == PolicyKind::kEchoKv ? 2 : 4;  // stage2_window / snapkv_window
+    auto run = [&](int budget, std::optional<double> target) {
+      CompressionConfig cfg;
+      cfg.policy = kind;
+      cfg.budget = budget;
+      cfg.lookahead = 4;
+      cfg.snapkv_window = 4;
+      if (kind == PolicyKind::kEchoKv) cfg.stage2_window = 2;
+      cfg.target_mass = target;
+      auto dec = RandomDecoder(kLayers);
+      absl::StatusOr<CompressionResult> r = Compress(cfg, in.Make(dec.get()));
+      EXPECT_THAT(r, IsOk());
+      return r.ok() ? *std::move(r) : CompressionResult{};
+    };
+    auto probes = [&](int l, std::vector<at::Tensor>* q, std::vector<int64_t>* pos) {
+      if (kind == PolicyKind::kSnapKv) return ContextProbes(in, l, 4, q, pos);
+      auto dec = RandomDecoder(kLayers);
+      for (int t = 0; t < 4; ++t) {
+        q->push_back(dec->queries(t, l));
+        pos->push_back(-1);
+      }
+    };
+    for (double target : {0.3, 0.6, 0.9, 1.0}) {
+      SCOPED_TRACE(absl::StrCat(PolicyName(kind), " target ", target));
+      const CompressionResult r = run(kCeiling, target);
+      ASSERT_EQ(r.indices.size(), static_cast<size_t>(kLayers));
+      double min_mass = 2.0;
+      for (int l = 0; l < kLayers; ++l) {
+        SCOPED_TRACE(absl::StrCat("layer ", l));
+        std::vector<at::Tensor> q;
+        std::vector<int64_t> pos;
+        probes(l, &q, &pos);
+        const int64_t k = r.indices[l].size(1);
+        EXPECT_EQ(r.report.retained_per_layer[l], k);
+        EXPECT_GE(k, tail + 1);
+        EXPECT_LE(k, kCeiling);
+        const std::vector<double> mass = ReferenceMass(in.context.keys(l), q, pos, r.indices[l]);
+        for (double m : mass) min_mass = std::min(min_mass, m);
+        if (target == 1.0) EXPECT_EQ(k, kCeiling);  // every entry holds some mass
+        if (k == kCeiling) continue;
+        ++below_ceiling;
+        for (int g = 0; g < kGroups; ++g) EXPECT_GE(mass[g], target - 1e-6) << "group " << g;
+        // The fixed budget k keeps the same entries; k - 1 misses the target.
+        const CompressionResult same = run(static_cast<int>(k), std::nullopt);
+        for (int g = 0; g < kGroups; ++g) EXPECT_EQ(Row(same.indices[l], g), Row(r.indices[l], g));
+        if (k >= tail + 2) {
+          const CompressionResult fewer = run(static_cast<int>(k) - 1, std::nullopt);
+          const std::vector<double> less = ReferenceMass(in.context.keys(l), q, pos, fewer.indices[l]);
+          EXPECT_LT(*std::min_element(less.begin(), less.end()), target);
+        }
+      }
+      EXPECT_NEAR(r.report.RetainedMassMin(), min_mass, 1e-5);
+      // The report says which budget ran; reports without the field load with none.
+      const std::string json = ReportToJson(r.report);
+      ASSERT_OK_AND_ASSIGN(CompressionReport back, ReportFromJson(json));
+      EXPECT_EQ(back.config.target_mass, std::optional<double>(target));
+    }
+  }
+  EXPECT_GE(below_ceiling, 8);  // the targets below 1 were reached under the ceiling
+  const CompressionResult fixed = [&] {
+    CompressionConfig cfg;
+    cfg.policy = PolicyKind::kSnapKv;
+    cfg.budget = 10;
+    cfg.snapkv_window = 4;
+    absl::StatusOr<CompressionResult> r = Compress(cfg, in.Make(nullptr));
+    EXPECT_THAT(r, IsOk());
+    return r.ok() ? *std::move(r) : CompressionResult{};
+  }();
+  const std::string json = ReportToJson(fixed.report);
+  EXPECT_EQ(json.find("target_mass"), std::string::npos);
+  ASSERT_OK_AND_ASSIGN(CompressionReport back, ReportFromJson(json));
+  EXPECT_FALSE(back.config.target_mass.has_value());
 }
 
 TEST(Errors, MissingInputsNameTheField) {

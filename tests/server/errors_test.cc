@@ -229,6 +229,7 @@ TEST(OpenAiTableTest, ParamOfEachEngineField) {
       {"compression", "echokv", "echokv"},
       {"compression.budget", "echokv.budget", "echokv.budget"},
       {"compression.cache_dtype", "echokv.cache_dtype", "echokv.cache_dtype"},
+      {"compression.target_mass", "echokv.target_mass", "echokv.target_mass"},
       {"compression.bootstrap", "echokv", "echokv"},  // no HTTP spelling: the object
       {"compression.budgets", "echokv", "echokv"},
       {"ttl_seconds", "echokv.ttl_seconds", "echokv.ttl_seconds"},

@@ -153,6 +153,44 @@ class LongctxEvalTest(unittest.TestCase):
         self.assertIn(">full@int8</text>", picture)
 
 
+class TargetMassEvalTest(unittest.TestCase):
+    def test_target_mass_runs_beside_the_fixed_budget_and_the_table_counts_the_target(self):
+        """--target-mass 0.95 (issue 29 point 4): echokv at r = 0.5 and echokv@mass0.95
+        with the same budget as its ceiling on the real model; the targeted run keeps
+        fewer entries, its layers below the ceiling reach the mass, and --mass-table
+        reports it."""
+        with tempfile.TemporaryDirectory(prefix="echokv-longctx-mass-") as tmp:
+            out = os.path.join(tmp, "mass.json")
+            run = subprocess.run(
+                [sys.executable, os.path.join(ROOT, "bench", "eval", "longctx_eval.py"), "--suite", SUITE,
+                 "--tasks", "niah_single", "--lengths", "1024", "--indices", "0", "--policies", "echokv",
+                 "--ratios", "0.5", "--settings", "qaware", "--target-mass", "0.95", "--server-binary",
+                 ARGS.server_binary, "--tokenize-binary", ARGS.tokenize_binary, "--client", ARGS.client,
+                 "--model", ARGS.model, "--out", out], capture_output=True, text=True, timeout=600)
+            self.assertEqual(run.returncode, 0, run.stdout[-3000:] + run.stderr[-3000:])
+            with open(out) as f:
+                records = {r["policy"]: r for r in json.load(f)["records"]}
+            table = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "eval", "longctx_eval.py"),
+                                    "--summarize", out, "--mass-table"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(table.returncode, 0, table.stderr[-3000:])
+        self.assertEqual(set(records), {"full", "echokv", "echokv@mass0.95"})
+        fixed, targeted = records["echokv"], records["echokv@mass0.95"]
+        self.assertIsNone(fixed["target_mass"])
+        self.assertEqual(targeted["target_mass"], 0.95)
+        self.assertEqual(targeted["budget"], fixed["budget"])
+        self.assertEqual(fixed["retained_per_layer"], [fixed["budget"]] * 30)
+        per_layer = targeted["retained_per_layer"]
+        self.assertEqual(len(per_layer), 30)
+        self.assertTrue(all(1 <= n <= fixed["budget"] for n in per_layer), per_layer)
+        self.assertLess(sum(per_layer), sum(fixed["retained_per_layer"]))
+        self.assertLess(targeted["kept_fraction"], fixed["kept_fraction"])
+        if all(n < fixed["budget"] for n in per_layer):
+            self.assertGreaterEqual(targeted["retained_mass_min"], 0.95 - 1e-6)
+        row = [l for l in table.stdout.splitlines() if "| echokv@mass0.95 |" in l]
+        self.assertEqual(len(row), 1, table.stdout)
+        self.assertIn("| qaware | echokv@mass0.95 | 0.5 | 1 |", row[0])
+
+
 class RetentionMapTest(unittest.TestCase):
     def test_map_marks_the_needle_and_counts_what_each_layer_kept(self):
         """bench/eval/retention_map.py on niah_single-1k-00, SnapKV at r = 0.5: the

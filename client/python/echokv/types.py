@@ -54,9 +54,10 @@ class CompressionConfig:
     snapkv_kernel: Optional[int] = None
     memory: Optional[str] = None  # "tiered" or "evict"
     cache_dtype: Optional[str] = None  # "float32" or "int8": storage of the retained tier
+    target_mass: Optional[float] = None  # (0, 1]: keep per layer the fewest entries holding this mass, <= budget
 
     FIELDS = ("policy", "budget", "lookahead", "workspace", "window", "bootstrap", "repair",
-              "snapkv_window", "snapkv_kernel", "memory", "cache_dtype")
+              "snapkv_window", "snapkv_kernel", "memory", "cache_dtype", "target_mass")
 
     @classmethod
     def of(cls, value=None, **overrides):

@@ -17,6 +17,7 @@ void FillConfig(const compression::CompressionConfig& cfg, pb::CompressionConfig
   out->set_snapkv_window(cfg.snapkv_window);
   out->set_snapkv_kernel(cfg.snapkv_kernel);
   out->set_cache_dtype(kernels::KvDtypeName(cfg.cache_dtype));
+  if (cfg.target_mass.has_value()) out->set_target_mass(*cfg.target_mass);
 }
 
 void FillReport(const compression::CompressionReport& r, pb::CompressionReport* out) {

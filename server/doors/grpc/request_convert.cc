@@ -84,6 +84,7 @@ absl::StatusOr<compression::CompressionConfig> ToConfig(const pb::CompressionCon
     }
     cfg.cache_dtype = dtype;
   }
+  if (c.has_target_mass()) cfg.target_mass = c.target_mass();
   return cfg;
 }
 

@@ -29,7 +29,7 @@ std::string ParamOf(absl::string_view field, const OpenAiParamNames& names) {
     // The fields the HTTP door's `echokv` object has, under the same names; the others
     // (bootstrap, repair, snapkv_window, ...) have no HTTP spelling: the object.
     static constexpr absl::string_view kEchokvFields[] = {"policy", "budget", "lookahead", "workspace",
-                                                          "window", "memory", "cache_dtype"};
+                                                          "window", "memory", "cache_dtype", "target_mass"};
     const absl::string_view rest = field.substr(head.size());
     for (absl::string_view f : kEchokvFields) {
       if (rest.size() == f.size() + 1 && rest[0] == '.' && rest.substr(1) == f) return absl::StrCat("echokv.", f);

@@ -65,7 +65,7 @@ struct OpenAiParamNames {
 // kInvalidArgument and kUnimplemented only, from the field: input* -> names.input,
 // max_tokens -> names.max_tokens, sampling.X -> X, stop* -> stop, stop_token_ids* ->
 // stop_token_ids, compression.X -> echokv.X for the `echokv` object's fields (policy,
-// budget, lookahead, workspace, window, memory, cache_dtype), any other compression* ->
+// budget, lookahead, workspace, window, memory, cache_dtype, target_mass), any other compression* ->
 // echokv, ttl_seconds -> echokv.ttl_seconds, echokv.X and session_id as they are; any
 // other field -> null.
 struct OpenAiErrorShape {

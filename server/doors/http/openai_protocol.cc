@@ -97,7 +97,7 @@ class Fields {
     return true;
   }
   // A finite number in [lo, hi] (lo_open: lo excluded).
-  bool Number(absl::string_view name, double lo, double hi, bool lo_open, float* out) {
+  bool Number(absl::string_view name, double lo, double hi, bool lo_open, double* out) {
     const json* v = Get(name);
     if (v == nullptr) return false;
     if (!v->is_number()) return WrongType(name, "a number", *v);
@@ -105,6 +105,12 @@ class Fields {
     if (!std::isfinite(d) || d < lo || d > hi || (lo_open && d == lo)) {
       return Fail(name, absl::StrCat("must be in ", lo_open ? "(" : "[", lo, ", ", hi, "], not ", d));
     }
+    *out = d;
+    return true;
+  }
+  bool Number(absl::string_view name, double lo, double hi, bool lo_open, float* out) {
+    double d = 0;
+    if (!Number(name, lo, hi, lo_open, &d)) return false;
     *out = static_cast<float>(d);
     return true;
   }
@@ -197,6 +203,8 @@ bool ParseEchokv(Fields& f, EchokvOptions* out, HttpError* error) {
   if (e.Int("window", 0, 1 << 30, &i)) out->window = i;
   if (e.String("memory", &s)) out->memory = s;
   if (e.String("cache_dtype", &s)) out->cache_dtype = s;
+  double d = 0;
+  if (e.Number("target_mass", 0, 1, /*lo_open=*/true, &d)) out->target_mass = d;
   int64_t ttl = 0;
   if (e.Int("ttl_seconds", int64_t{1}, int64_t{1} << 40, &ttl)) out->ttl_seconds = ttl;
   return e.ok();

@@ -49,6 +49,7 @@ struct EchokvOptions {
   std::optional<int> window;
   std::optional<std::string> memory;     // "evict" | "tiered"
   std::optional<std::string> cache_dtype;  // "float32" | "int8"
+  std::optional<double> target_mass;       // (0, 1]: quality-targeted budget (echokv, snapkv)
   std::optional<int64_t> ttl_seconds;
 };
 

@@ -143,6 +143,7 @@ absl::StatusOr<compression::CompressionConfig> OpenAiServer::Impl::ConfigFrom(co
     }
     cfg.cache_dtype = dtype;
   }
+  if (o.target_mass.has_value()) cfg.target_mass = *o.target_mass;
   return cfg;
 }
 
